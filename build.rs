@@ -1,0 +1,352 @@
+//! Build script: fetch the pinned llama.cpp source, apply `patches/`, build it
+//! with cmake as shared libraries with loadable ggml backends, and generate
+//! Rust bindings with bindgen.
+//!
+//! The llama.cpp source is the one shipped inside the `llama-cpp-sys-2`
+//! crate at [`LLAMA_CRATE_VERSION`]. It is taken from cargo's registry cache
+//! when present, otherwise downloaded once from crates.io into `vendor/` and
+//! verified by its SHA-256. After that first fetch the build works offline.
+//!
+//! Environment knobs (all optional):
+//! - `PIPESHARD_LLAMA_CRATE`: path to the `.crate` file to use.
+//! - `PIPESHARD_CUDA_ARCHS`: `CMAKE_CUDA_ARCHITECTURES` for the `cuda` feature.
+//! - `CMAKE`: the cmake binary (honoured by the `cmake` crate).
+//! - `LIBCLANG_PATH`: where bindgen finds libclang.
+//! - `GGML_*`: forwarded to cmake as cache entries, to tune ggml.
+
+use std::env;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+const LLAMA_CRATE: &str = "llama-cpp-sys-2";
+const LLAMA_CRATE_VERSION: &str = "0.1.161";
+const LLAMA_CRATE_SHA256: &str = "e9bea77fde41bbc15a278891cd5edd2ba07c5260d162614b41080ba1f100b39b";
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("pipeshard build failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+type Result<T> = std::result::Result<T, String>;
+
+fn run() -> Result<()> {
+    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let vendor = root.join("vendor");
+    fs::create_dir_all(&vendor).map_err(|e| format!("creating {}: {e}", vendor.display()))?;
+
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=patches");
+    println!("cargo:rerun-if-changed=src/engine/wrapper.h");
+    for var in ["PIPESHARD_LLAMA_CRATE", "PIPESHARD_CUDA_ARCHS", "CMAKE", "LIBCLANG_PATH"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+
+    let patches = list_patches(&root.join("patches"))?;
+    for p in &patches {
+        println!("cargo:rerun-if-changed={}", p.display());
+    }
+
+    let crate_file = locate_or_fetch_crate(&vendor)?;
+    let src = vendor.join("llama.cpp");
+    let stamp = source_stamp(&patches)?;
+    prepare_source(&crate_file, &src, &patches, &stamp)?;
+
+    let cuda = env::var_os("CARGO_FEATURE_CUDA").is_some();
+    let install = build_llama(&root, &out_dir, &src, &stamp, cuda)?;
+    let lib_dir = install.join("lib");
+
+    println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    for lib in ["llama", "mtmd", "ggml", "ggml-base"] {
+        println!("cargo:rustc-link-lib=dylib={lib}");
+    }
+    // Find the shared libraries next to the binary (a packaged install), in
+    // lib/ beside it, or in the build tree (cargo run / cargo test).
+    println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN:$ORIGIN/lib:{}", lib_dir.display());
+    println!("cargo:rustc-env=PIPESHARD_BUILD_LIB_DIR={}", lib_dir.display());
+
+    generate_bindings(&root, &src, &out_dir)?;
+    Ok(())
+}
+
+/// Patches are applied in file-name order.
+fn list_patches(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut v: Vec<PathBuf> = match fs::read_dir(dir) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "patch"))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    v.sort();
+    Ok(v)
+}
+
+fn sha256_file(path: &Path) -> Result<String> {
+    let mut f = fs::File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The cargo registry cache, then `vendor/`, then a download from crates.io.
+fn locate_or_fetch_crate(vendor: &Path) -> Result<PathBuf> {
+    let file_name = format!("{LLAMA_CRATE}-{LLAMA_CRATE_VERSION}.crate");
+    let mut candidates = Vec::new();
+    if let Some(p) = env::var_os("PIPESHARD_LLAMA_CRATE") {
+        candidates.push(PathBuf::from(p));
+    }
+    candidates.push(vendor.join(&file_name));
+    let cargo_home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    if let Some(home) = cargo_home {
+        if let Ok(rd) = fs::read_dir(home.join("registry").join("cache")) {
+            for e in rd.flatten() {
+                candidates.push(e.path().join(&file_name));
+            }
+        }
+    }
+    for c in &candidates {
+        if c.is_file() && sha256_file(c)? == LLAMA_CRATE_SHA256 {
+            return Ok(c.clone());
+        }
+    }
+
+    let dest = vendor.join(&file_name);
+    let url = format!(
+        "https://static.crates.io/crates/{LLAMA_CRATE}/{LLAMA_CRATE}-{LLAMA_CRATE_VERSION}.crate"
+    );
+    println!("cargo:warning=downloading {url} (once; later builds work offline)");
+    let resp = ureq::get(&url)
+        .call()
+        .map_err(|e| format!("downloading the pinned llama.cpp source from {url}: {e}"))?;
+    let mut body = Vec::new();
+    resp.into_reader()
+        .read_to_end(&mut body)
+        .map_err(|e| format!("reading {url}: {e}"))?;
+    let got = hex(&Sha256::digest(&body));
+    if got != LLAMA_CRATE_SHA256 {
+        return Err(format!(
+            "{url}: sha256 mismatch (expected {LLAMA_CRATE_SHA256}, got {got})"
+        ));
+    }
+    let tmp = dest.with_extension("part");
+    fs::write(&tmp, &body).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+    fs::rename(&tmp, &dest).map_err(|e| format!("renaming to {}: {e}", dest.display()))?;
+    Ok(dest)
+}
+
+/// A hash of everything that decides the patched tree's content.
+fn source_stamp(patches: &[PathBuf]) -> Result<String> {
+    let mut h = Sha256::new();
+    h.update(LLAMA_CRATE_SHA256.as_bytes());
+    for p in patches {
+        h.update(p.file_name().unwrap().to_string_lossy().as_bytes());
+        h.update(fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()))?);
+    }
+    Ok(hex(&h.finalize())[..16].to_string())
+}
+
+/// Extract the pristine tree and apply our patches, unless the tree already
+/// carries the same stamp.
+fn prepare_source(crate_file: &Path, src: &Path, patches: &[PathBuf], stamp: &str) -> Result<()> {
+    let stamp_file = src.join(".pipeshard-stamp");
+    if fs::read_to_string(&stamp_file).ok().as_deref() == Some(stamp) {
+        return Ok(());
+    }
+    if src.exists() {
+        fs::remove_dir_all(src).map_err(|e| format!("removing {}: {e}", src.display()))?;
+    }
+    let prefix = format!("{LLAMA_CRATE}-{LLAMA_CRATE_VERSION}/llama.cpp/");
+    let f = fs::File::open(crate_file).map_err(|e| format!("{}: {e}", crate_file.display()))?;
+    let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(f));
+    let entries = ar.entries().map_err(|e| format!("{}: {e}", crate_file.display()))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| format!("{}: {e}", crate_file.display()))?;
+        let path = entry.path().map_err(|e| e.to_string())?.to_string_lossy().into_owned();
+        let Some(rel) = path.strip_prefix(&prefix) else { continue };
+        if rel.is_empty() {
+            continue;
+        }
+        let dest = src.join(rel);
+        if let Some(parent) = dest.parent() {
+            fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
+        entry.unpack(&dest).map_err(|e| format!("unpacking {rel}: {e}"))?;
+    }
+    for p in patches {
+        apply_patch(src, p)?;
+    }
+    fs::write(&stamp_file, stamp).map_err(|e| format!("{}: {e}", stamp_file.display()))?;
+    Ok(())
+}
+
+fn apply_patch(src: &Path, patch: &Path) -> Result<()> {
+    let name = patch.file_name().unwrap().to_string_lossy().into_owned();
+    let out = Command::new("patch")
+        .args(["-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i"])
+        .arg(patch)
+        .current_dir(src)
+        .output()
+        .map_err(|e| format!("running `patch` for {name}: {e} (install GNU patch)"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "patch {name} failed to apply to llama.cpp {LLAMA_CRATE_VERSION}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
+fn cmake_defines(cuda: bool) -> Vec<(String, String)> {
+    let mut d: Vec<(String, String)> = [
+        ("CMAKE_BUILD_TYPE", "Release"),
+        ("BUILD_SHARED_LIBS", "ON"),
+        ("GGML_BACKEND_DL", "ON"),
+        ("CMAKE_INSTALL_LIBDIR", "lib"),
+        // Backend modules are installed to BINDIR; keep them with the libraries.
+        ("CMAKE_INSTALL_BINDIR", "lib"),
+        ("LLAMA_BUILD_COMMON", "OFF"),
+        ("LLAMA_BUILD_TESTS", "OFF"),
+        ("LLAMA_BUILD_TOOLS", "OFF"),
+        ("LLAMA_BUILD_EXAMPLES", "OFF"),
+        ("LLAMA_BUILD_SERVER", "OFF"),
+        ("LLAMA_BUILD_APP", "OFF"),
+        ("LLAMA_BUILD_MTMD", "ON"),
+        ("LLAMA_CURL", "OFF"),
+        ("LLAMA_OPENSSL", "OFF"),
+        ("GGML_CCACHE", "OFF"),
+        // GGML_NATIVE would probe this CPU; ours report AMX that the OS does
+        // not enable, and the native build dies with SIGILL. Pick an explicit,
+        // widely available x86-64 level instead.
+        ("GGML_NATIVE", "OFF"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    if env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
+        for f in ["GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2"] {
+            d.push((f.into(), "ON".into()));
+        }
+    }
+    if cuda {
+        d.push(("GGML_CUDA".into(), "ON".into()));
+        let archs = env::var("PIPESHARD_CUDA_ARCHS").unwrap_or_else(|_| "90".into());
+        d.push(("CMAKE_CUDA_ARCHITECTURES".into(), archs));
+    }
+    // User overrides last, so they win.
+    let mut user: Vec<(String, String)> =
+        env::vars().filter(|(k, _)| k.starts_with("GGML_")).collect();
+    user.sort();
+    for (k, _) in &user {
+        println!("cargo:rerun-if-env-changed={k}");
+    }
+    d.extend(user);
+    d
+}
+
+/// Build into `target/llama.cpp/<hash>` so that debug and release builds of
+/// pipeshard share one (always optimised) llama.cpp build.
+fn build_llama(root: &Path, out_dir: &Path, src: &Path, stamp: &str, cuda: bool) -> Result<PathBuf> {
+    let defines = cmake_defines(cuda);
+    let mut h = Sha256::new();
+    h.update(stamp.as_bytes());
+    for (k, v) in &defines {
+        h.update(format!("{k}={v};").as_bytes());
+    }
+    let key = hex(&h.finalize())[..16].to_string();
+    let target_dir = env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|p| if p.is_absolute() { p } else { root.join(p) })
+        .or_else(|| out_dir.ancestors().nth(4).map(Path::to_path_buf))
+        .unwrap_or_else(|| root.join("target"));
+    let dest = target_dir.join("llama.cpp").join(key);
+    let done = dest.join(".pipeshard-built");
+    if done.exists() {
+        return Ok(dest);
+    }
+
+    let mut cfg = cmake::Config::new(src);
+    cfg.out_dir(&dest).profile("Release");
+    for (k, v) in &defines {
+        cfg.define(k, v);
+    }
+    if env::var_os("NUM_JOBS").is_none() {
+        cfg.build_arg(format!("-j{}", std::thread::available_parallelism().map_or(2, |n| n.get())));
+    }
+    cfg.build();
+    fs::write(&done, "").map_err(|e| format!("{}: {e}", done.display()))?;
+    Ok(dest)
+}
+
+/// libclang from `LIBCLANG_PATH`, else from the `libclang` Python wheel that
+/// `./dev` installs under `.tools/`, else wherever bindgen looks by default.
+fn locate_libclang(root: &Path) {
+    if env::var_os("LIBCLANG_PATH").is_some() {
+        return;
+    }
+    let local = root.join(".tools/py/clang/native");
+    if local.join("libclang.so").exists() {
+        env::set_var("LIBCLANG_PATH", local);
+    }
+}
+
+fn generate_bindings(root: &Path, src: &Path, out_dir: &Path) -> Result<()> {
+    locate_libclang(root);
+    let include_dirs = [
+        src.join("include"),
+        src.join("ggml/include"),
+        src.join("tools/mtmd"),
+    ];
+    let mut b = bindgen::Builder::default()
+        .header(root.join("src/engine/wrapper.h").to_string_lossy())
+        .allowlist_function("(llama|ggml|gguf|mtmd|pipeshard)_.*")
+        .allowlist_type("(llama|ggml|gguf|mtmd|pipeshard)_.*")
+        .allowlist_var("(LLAMA|GGML|GGUF|MTMD|PIPESHARD)_.*")
+        .prepend_enum_name(false)
+        .derive_default(true)
+        .layout_tests(false)
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
+    for d in &include_dirs {
+        b = b.clang_arg(format!("-I{}", d.display()));
+    }
+    // A libclang without its resource directory (such as the PyPI wheel) has
+    // no stdbool.h/stddef.h; borrow the C compiler's builtin headers.
+    if let Some(dir) = compiler_builtin_includes() {
+        b = b.clang_arg(format!("-isystem{}", dir.display()));
+    }
+    let bindings = b
+        .generate()
+        .map_err(|e| format!("bindgen over src/engine/wrapper.h: {e}"))?;
+    bindings
+        .write_to_file(out_dir.join("bindings.rs"))
+        .map_err(|e| format!("writing bindings: {e}"))?;
+    Ok(())
+}
+
+/// The C compiler's own include directory (stddef.h, stdbool.h, ...).
+fn compiler_builtin_includes() -> Option<PathBuf> {
+    let cc = env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(cc).arg("-print-file-name=include").output().ok()?;
+    let dir = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
+    dir.join("stdbool.h").exists().then_some(dir)
+}

@@ -1,0 +1,66 @@
+//! Subcommands of the `pipeshard` binary.
+
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// VRAM-budgeted, lossless LLM and VLM inference around llama.cpp.
+#[derive(Parser)]
+#[command(name = "pipeshard", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    global: GlobalArgs,
+}
+
+/// Options every subcommand takes.
+#[derive(clap::Args, Clone)]
+pub struct GlobalArgs {
+    /// Directory with ggml backend modules (libggml-cpu.so, libggml-cuda.so).
+    #[arg(long, global = true, env = "PIPESHARD_BACKEND_DIR")]
+    pub backend_dir: Option<PathBuf>,
+    /// More log output (-v: info from llama.cpp, -vv: everything).
+    #[arg(short = 'v', long = "verbose", global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt and report load time, TTFT and tokens/s.
+    Run(run::RunArgs),
+}
+
+fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn,pipeshard=info",
+        1 => "info,llama.cpp=debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PIPESHARD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+/// Parse the command line, run it, and map errors to exit code 1.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.global.verbose);
+    let result = match cli.command {
+        Command::Run(args) => run::run(&cli.global, args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

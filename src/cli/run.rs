@@ -1,0 +1,179 @@
+//! `pipeshard run`: one prompt, streamed to stdout, with timings.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context as _, Result};
+
+use pipeshard::engine::{self, ChatMessage, Context, ContextParams, FlashAttention, Model, ModelParams, SamplingParams};
+use pipeshard::generate::{generate, GenerateRequest};
+use pipeshard::{default_model, progress};
+
+use super::GlobalArgs;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// GGUF model; defaults to SmolLM2-135M-Instruct, fetched on first use.
+    #[arg(short = 'm', long = "model", env = "LLAMA_ARG_MODEL")]
+    pub model: Option<PathBuf>,
+    /// The prompt.
+    #[arg(short = 'p', long = "prompt", default_value = "Write a haiku about the sea.")]
+    pub prompt: String,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n_predict: usize,
+    /// Context size in tokens (0: the model's training length).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx_size: u32,
+    /// Logical batch size.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
+    pub batch_size: u32,
+    /// Physical batch size.
+    #[arg(long = "ubatch-size", visible_alias = "ub", default_value_t = 512)]
+    pub ubatch_size: u32,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for --chat.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Layers to offload to the GPU (-1: all).
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = -1, allow_negative_numbers = true)]
+    pub n_gpu_layers: i32,
+    /// Threads (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<i32>,
+    /// Flash attention: on, off or auto.
+    #[arg(long = "flash-attn", visible_alias = "fa", default_value = "auto")]
+    pub flash_attn: String,
+    /// Sampling temperature (0: greedy).
+    #[arg(long = "temp", default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: i32,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// RNG seed (default: random).
+    #[arg(short = 's', long = "seed", default_value_t = u32::MAX)]
+    pub seed: u32,
+    /// Print only the generated text, no timings.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Print the timings as JSON on stderr.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn parse_flash_attn(s: &str) -> Result<FlashAttention> {
+    match s {
+        "on" | "1" | "true" | "enabled" => Ok(FlashAttention::On),
+        "off" | "0" | "false" | "disabled" => Ok(FlashAttention::Off),
+        "auto" => Ok(FlashAttention::Auto),
+        _ => anyhow::bail!("--flash-attn takes on, off or auto, not {s:?}"),
+    }
+}
+
+pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
+    let fa = parse_flash_attn(&args.flash_attn)?;
+    let model_path = match &args.model {
+        Some(p) => p.clone(),
+        None => default_model::ensure().context("fetching the default model")?,
+    };
+    engine::init(global.backend_dir.as_deref()).context("initialising llama.cpp")?;
+
+    let t_load = Instant::now();
+    let bar = progress::fraction_bar("loading");
+    let model = Model::load(
+        &model_path,
+        ModelParams {
+            n_gpu_layers: args.n_gpu_layers,
+            progress: Some(Box::new(|p| {
+                bar.set_position((p * 1000.0) as u64);
+                true
+            })),
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("loading {}", model_path.display()))?;
+    bar.finish_and_clear();
+    let mut ctx = Context::new(
+        &model,
+        ContextParams {
+            n_ctx: args.ctx_size,
+            n_batch: args.batch_size,
+            n_ubatch: args.ubatch_size,
+            n_threads: args.threads,
+            n_threads_batch: args.threads,
+            flash_attention: fa,
+            ..Default::default()
+        },
+    )
+    .context("creating the context")?;
+    let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
+
+    let prompt_text = if args.chat {
+        let tmpl = model.chat_template(None).ok_or(engine::EngineError::NoChatTemplate)?;
+        let mut msgs = Vec::new();
+        if let Some(sys) = &args.system {
+            msgs.push(ChatMessage { role: "system".into(), content: sys.clone() });
+        }
+        msgs.push(ChatMessage { role: "user".into(), content: args.prompt.clone() });
+        engine::apply_chat_template(&tmpl, &msgs, true)?
+    } else {
+        args.prompt.clone()
+    };
+    // A chat template already carries its special tokens as text.
+    let prompt = model.tokenize(&prompt_text, !args.chat || model.add_bos(), args.chat)?;
+    let req = GenerateRequest {
+        prompt,
+        n_predict: args.n_predict,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repeat_penalty: args.repeat_penalty,
+            seed: args.seed,
+            ..Default::default()
+        },
+        stop: Vec::new(),
+    };
+    let mut stdout = std::io::stdout().lock();
+    let out = generate(&mut ctx, &req, |piece| {
+        let _ = stdout.write_all(piece.as_bytes());
+        let _ = stdout.flush();
+        true
+    })?;
+    let _ = writeln!(stdout);
+    drop(stdout);
+
+    let s = &out.stats;
+    if args.json {
+        let v = serde_json::json!({
+            "model": model_path, "load_ms": load_ms, "stats": s,
+            "devices": engine::list_devices(), "memory": ctx.memory_breakdown(),
+        });
+        eprintln!("{}", serde_json::to_string(&v)?);
+    } else if !args.quiet {
+        eprintln!();
+        eprintln!("model:    {} ({})", model.description(), model_path.display());
+        eprintln!("load:     {load_ms:.1} ms");
+        eprintln!("prompt:   {} tokens, TTFT {:.1} ms, {:.1} tok/s", s.prompt_tokens, s.ttft_ms, s.prompt_tokens_per_s);
+        eprintln!("decode:   {} tokens, {:.1} tok/s ({:?})", s.generated_tokens, s.decode_tokens_per_s, s.stop);
+        for m in ctx.memory_breakdown() {
+            eprintln!(
+                "memory:   {:<12} model {:>8.1} MiB  context {:>8.1} MiB  compute {:>8.1} MiB",
+                m.buffer_type,
+                m.model as f64 / 1048576.0,
+                m.context as f64 / 1048576.0,
+                m.compute as f64 / 1048576.0
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! Process-wide llama.cpp initialisation: logging and backend modules.
+//!
+//! ggml backends are built as loadable modules (`libggml-cpu.so`,
+//! `libggml-cuda.so`, ...). They are loaded once per process from, in order:
+//! the directory given to [`init`], `$PIPESHARD_BACKEND_DIR`, the directory of
+//! the running executable (and its `lib/`), and the build tree.
+
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use super::error::{EngineError, Result};
+use super::ffi;
+
+static INIT: OnceLock<Result<Vec<Device>, String>> = OnceLock::new();
+
+/// A compute device that ggml found after loading the backend modules.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Device {
+    pub index: usize,
+    pub name: String,
+    pub description: String,
+    pub kind: DeviceKind,
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// What kind of device a ggml backend device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum DeviceKind {
+    Cpu,
+    Gpu,
+    IntegratedGpu,
+    Accelerator,
+    Other,
+}
+
+unsafe extern "C" fn log_to_tracing(level: ffi::ggml_log_level, text: *const c_char, _: *mut c_void) {
+    if text.is_null() {
+        return;
+    }
+    let msg = CStr::from_ptr(text).to_string_lossy();
+    let msg = msg.trim_end();
+    if msg.is_empty() || msg == "." {
+        return;
+    }
+    match level {
+        ffi::GGML_LOG_LEVEL_ERROR => tracing::error!(target: "llama.cpp", "{msg}"),
+        ffi::GGML_LOG_LEVEL_WARN => tracing::warn!(target: "llama.cpp", "{msg}"),
+        ffi::GGML_LOG_LEVEL_INFO => tracing::debug!(target: "llama.cpp", "{msg}"),
+        _ => tracing::trace!(target: "llama.cpp", "{msg}"),
+    }
+}
+
+fn candidate_dirs(explicit: Option<&Path>) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = explicit {
+        dirs.push(d.to_path_buf());
+    }
+    if let Some(d) = std::env::var_os("PIPESHARD_BACKEND_DIR") {
+        dirs.push(PathBuf::from(d));
+    }
+    if let Some(exe_dir) = std::env::current_exe().ok().and_then(|p| p.parent().map(Path::to_path_buf)) {
+        dirs.push(exe_dir.join("lib"));
+        dirs.push(exe_dir);
+    }
+    dirs.push(PathBuf::from(env!("PIPESHARD_BUILD_LIB_DIR")));
+    dirs
+}
+
+/// Initialise llama.cpp once: route its log through `tracing` and load the
+/// ggml backend modules. Later calls return the devices found the first time.
+pub fn init(backend_dir: Option<&Path>) -> Result<Vec<Device>> {
+    let res = INIT.get_or_init(|| {
+        // SAFETY: the callback is a plain function that only reads the C string
+        // it is given; llama.cpp calls it from any thread.
+        unsafe {
+            ffi::llama_log_set(Some(log_to_tracing), std::ptr::null_mut());
+            ffi::ggml_log_set(Some(log_to_tracing), std::ptr::null_mut());
+        }
+        let dirs = candidate_dirs(backend_dir);
+        for dir in &dirs {
+            if !dir.is_dir() {
+                continue;
+            }
+            let has_module = std::fs::read_dir(dir)
+                .map(|rd| {
+                    rd.flatten().any(|e| {
+                        let n = e.file_name();
+                        let n = n.to_string_lossy();
+                        n.starts_with("libggml-") && n.ends_with(".so") && n != "libggml-base.so"
+                    })
+                })
+                .unwrap_or(false);
+            if !has_module {
+                continue;
+            }
+            if let Ok(c) = CString::new(dir.to_string_lossy().as_bytes()) {
+                tracing::debug!("loading ggml backends from {}", dir.display());
+                // SAFETY: c is a valid NUL-terminated path that outlives the call.
+                unsafe { ffi::ggml_backend_load_all_from_path(c.as_ptr()) };
+            }
+            // SAFETY: plain query.
+            if unsafe { ffi::ggml_backend_dev_count() } > 0 {
+                break;
+            }
+        }
+        // SAFETY: plain initialisation call, made once.
+        unsafe { ffi::llama_backend_init() };
+        let devices = list_devices();
+        if devices.is_empty() {
+            let searched: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+            return Err(searched.join(", "));
+        }
+        Ok(devices)
+    });
+    res.clone().map_err(|searched| EngineError::NoBackend { searched })
+}
+
+fn c_str(p: *const c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        // SAFETY: ggml returns NUL-terminated strings that live as long as the device.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+/// The devices ggml knows about now, with their current free memory.
+pub fn list_devices() -> Vec<Device> {
+    // SAFETY: device queries on registered devices; indices are in range.
+    unsafe {
+        (0..ffi::ggml_backend_dev_count())
+            .map(|i| {
+                let dev = ffi::ggml_backend_dev_get(i);
+                let (mut free, mut total) = (0usize, 0usize);
+                ffi::ggml_backend_dev_memory(dev, &mut free, &mut total);
+                let kind = match ffi::ggml_backend_dev_type(dev) {
+                    ffi::GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
+                    ffi::GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
+                    ffi::GGML_BACKEND_DEVICE_TYPE_IGPU => DeviceKind::IntegratedGpu,
+                    ffi::GGML_BACKEND_DEVICE_TYPE_ACCEL => DeviceKind::Accelerator,
+                    _ => DeviceKind::Other,
+                };
+                Device {
+                    index: i,
+                    name: c_str(ffi::ggml_backend_dev_name(dev)),
+                    description: c_str(ffi::ggml_backend_dev_description(dev)),
+                    kind,
+                    free_bytes: free as u64,
+                    total_bytes: total as u64,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Whether any GPU device was loaded.
+pub fn has_gpu() -> bool {
+    list_devices().iter().any(|d| d.kind == DeviceKind::Gpu)
+}

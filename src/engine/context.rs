@@ -1,0 +1,321 @@
+//! An inference context: KV cache, compute buffers, decoding, logits and
+//! embeddings.
+
+use std::ptr::NonNull;
+
+use super::error::{EngineError, Result};
+use super::ffi;
+use super::memory::{BufferType, MemoryBreakdown};
+use super::model::{Model, Token};
+
+/// Whether to use flash attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum FlashAttention {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+/// Context parameters, mirroring llama.cpp's.
+#[derive(Debug, Clone)]
+pub struct ContextParams {
+    /// Context length in tokens; 0 takes the model's training length.
+    pub n_ctx: u32,
+    /// Largest batch submitted to one `decode` call.
+    pub n_batch: u32,
+    /// Physical micro-batch size.
+    pub n_ubatch: u32,
+    /// Parallel sequences.
+    pub n_seq_max: u32,
+    /// Threads for single-token decode; `None` picks the physical cores.
+    pub n_threads: Option<i32>,
+    /// Threads for batches.
+    pub n_threads_batch: Option<i32>,
+    pub flash_attention: FlashAttention,
+    /// Compute embeddings instead of (as well as) logits.
+    pub embeddings: bool,
+    /// Keep the KV cache on the GPU (with its layer).
+    pub offload_kqv: bool,
+    /// Let the scheduler run ops whose weights are in host memory on the GPU.
+    pub op_offload: bool,
+    /// KV cache element types (ggml type ids); `None` keeps F16.
+    pub type_k: Option<ffi::ggml_type>,
+    pub type_v: Option<ffi::ggml_type>,
+    /// One KV buffer shared by all sequences.
+    pub kv_unified: bool,
+}
+
+impl Default for ContextParams {
+    fn default() -> Self {
+        ContextParams {
+            n_ctx: 4096,
+            n_batch: 2048,
+            n_ubatch: 512,
+            n_seq_max: 1,
+            n_threads: None,
+            n_threads_batch: None,
+            flash_attention: FlashAttention::Auto,
+            embeddings: false,
+            offload_kqv: true,
+            op_offload: true,
+            type_k: None,
+            type_v: None,
+            kv_unified: true,
+        }
+    }
+}
+
+/// Physical cores, as a sensible default thread count.
+pub fn default_threads() -> i32 {
+    std::thread::available_parallelism().map_or(4, |n| n.get() as i32).clamp(1, 64)
+}
+
+/// A llama.cpp context bound to a model.
+pub struct Context<'m> {
+    ptr: NonNull<ffi::llama_context>,
+    model: &'m Model,
+    batch: ffi::llama_batch,
+    batch_cap: usize,
+    embeddings: bool,
+}
+
+// SAFETY: a llama_context may move between threads; it is not shared (no Sync).
+unsafe impl Send for Context<'_> {}
+
+impl Drop for Context<'_> {
+    fn drop(&mut self) {
+        // SAFETY: both were created in `new` and are freed once.
+        unsafe {
+            ffi::llama_batch_free(self.batch);
+            ffi::llama_free(self.ptr.as_ptr());
+        }
+    }
+}
+
+impl<'m> Context<'m> {
+    /// Create a context. This allocates the KV cache and reserves compute buffers.
+    pub fn new(model: &'m Model, params: ContextParams) -> Result<Context<'m>> {
+        if params.n_ubatch == 0 || params.n_batch == 0 || params.n_seq_max == 0 {
+            return Err(EngineError::InvalidArgument("batch sizes and n_seq_max must be positive".into()));
+        }
+        // SAFETY: default params are plain data.
+        let mut cp = unsafe { ffi::llama_context_default_params() };
+        cp.n_ctx = params.n_ctx;
+        cp.n_batch = params.n_batch;
+        cp.n_ubatch = params.n_ubatch.min(params.n_batch);
+        cp.n_seq_max = params.n_seq_max;
+        let threads = params.n_threads.unwrap_or_else(default_threads);
+        cp.n_threads = threads;
+        cp.n_threads_batch = params.n_threads_batch.unwrap_or(threads);
+        cp.flash_attn_type = match params.flash_attention {
+            FlashAttention::Auto => ffi::LLAMA_FLASH_ATTN_TYPE_AUTO,
+            FlashAttention::On => ffi::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            FlashAttention::Off => ffi::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        };
+        cp.embeddings = params.embeddings;
+        cp.offload_kqv = params.offload_kqv;
+        cp.op_offload = params.op_offload;
+        cp.kv_unified = params.kv_unified;
+        if let Some(t) = params.type_k {
+            cp.type_k = t;
+        }
+        if let Some(t) = params.type_v {
+            cp.type_v = t;
+        }
+        cp.no_perf = false;
+        // SAFETY: model is valid for 'm, which the context cannot outlive.
+        let raw = unsafe { ffi::llama_init_from_model(model.as_ptr(), cp) };
+        let ptr = NonNull::new(raw).ok_or(EngineError::ContextCreate {
+            n_ctx: params.n_ctx,
+            n_batch: params.n_batch,
+            n_ubatch: params.n_ubatch,
+        })?;
+        // SAFETY: plain query on the new context.
+        let batch_cap = unsafe { ffi::llama_n_batch(ptr.as_ptr()) } as usize;
+        // SAFETY: allocates a token batch of batch_cap entries, one seq id each
+        // (we allocate n_seq_max ids so multi-sequence tokens fit).
+        let batch = unsafe { ffi::llama_batch_init(batch_cap as i32, 0, params.n_seq_max as i32) };
+        Ok(Context { ptr, model, batch, batch_cap, embeddings: params.embeddings })
+    }
+
+    /// The model this context runs.
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// Context length.
+    pub fn n_ctx(&self) -> u32 {
+        // SAFETY: plain query.
+        unsafe { ffi::llama_n_ctx(self.ptr.as_ptr()) }
+    }
+
+    /// Largest batch per `decode` call.
+    pub fn n_batch(&self) -> u32 {
+        self.batch_cap as u32
+    }
+
+    /// Micro-batch size.
+    pub fn n_ubatch(&self) -> u32 {
+        // SAFETY: plain query.
+        unsafe { ffi::llama_n_ubatch(self.ptr.as_ptr()) }
+    }
+
+    /// Decode a run of tokens of sequence 0 starting at position `pos`,
+    /// split into `n_batch` chunks. Logits are kept for the last token only
+    /// when `logits_last` is set.
+    pub fn decode_tokens(&mut self, tokens: &[Token], pos: i32, logits_last: bool) -> Result<()> {
+        let n_ctx = self.n_ctx();
+        if pos as usize + tokens.len() > n_ctx as usize {
+            return Err(EngineError::ContextOverflow { n_tokens: pos as usize + tokens.len(), n_ctx });
+        }
+        let n_vocab = self.model.n_vocab();
+        if let Some(&bad) = tokens.iter().find(|&&t| t < 0 || t >= n_vocab) {
+            return Err(EngineError::TokenOutOfRange { token: bad, n_vocab });
+        }
+        let mut p = pos;
+        let chunks: Vec<&[Token]> = tokens.chunks(self.batch_cap).collect();
+        let n_chunks = chunks.len();
+        for (ci, chunk) in chunks.into_iter().enumerate() {
+            let items: Vec<BatchItem> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| BatchItem {
+                    token: t,
+                    pos: p + i as i32,
+                    seq: 0,
+                    logits: logits_last && ci + 1 == n_chunks && i + 1 == chunk.len(),
+                })
+                .collect();
+            self.decode_batch(&items)?;
+            p += chunk.len() as i32;
+        }
+        Ok(())
+    }
+
+    /// Decode one batch of tokens from any sequences (at most `n_batch`).
+    pub fn decode_batch(&mut self, items: &[BatchItem]) -> Result<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        if items.len() > self.batch_cap {
+            return Err(EngineError::InvalidArgument(format!(
+                "batch of {} tokens exceeds n_batch {}",
+                items.len(),
+                self.batch_cap
+            )));
+        }
+        let n_vocab = self.model.n_vocab();
+        // SAFETY: the batch arrays hold batch_cap entries (checked above) and
+        // one seq id slot per token; we write within those bounds.
+        unsafe {
+            for (i, it) in items.iter().enumerate() {
+                if it.token < 0 || it.token >= n_vocab {
+                    return Err(EngineError::TokenOutOfRange { token: it.token, n_vocab });
+                }
+                *self.batch.token.add(i) = it.token;
+                *self.batch.pos.add(i) = it.pos;
+                *self.batch.n_seq_id.add(i) = 1;
+                *(*self.batch.seq_id.add(i)) = it.seq;
+                *self.batch.logits.add(i) = it.logits as i8;
+            }
+            self.batch.n_tokens = items.len() as i32;
+            let rc = ffi::llama_decode(self.ptr.as_ptr(), self.batch);
+            if rc != 0 {
+                return Err(EngineError::Decode { code: rc });
+            }
+        }
+        Ok(())
+    }
+
+    /// Logits of the `i`-th output of the last batch (-1: the last one).
+    pub fn logits(&mut self, i: i32) -> Result<&[f32]> {
+        let n_vocab = self.model.n_vocab() as usize;
+        // SAFETY: llama.cpp returns NULL for invalid indices, otherwise a
+        // pointer to n_vocab floats valid until the next decode.
+        unsafe {
+            let p = ffi::llama_get_logits_ith(self.ptr.as_ptr(), i);
+            if p.is_null() {
+                return Err(EngineError::InvalidArgument(format!("no logits for output {i}")));
+            }
+            Ok(std::slice::from_raw_parts(p, n_vocab))
+        }
+    }
+
+    /// Pooled embedding of a sequence (or the last token's, without pooling).
+    pub fn embeddings(&mut self, seq: i32) -> Result<Vec<f32>> {
+        if !self.embeddings {
+            return Err(EngineError::NoEmbeddings);
+        }
+        let n = self.model.n_embd() as usize;
+        // SAFETY: as for logits; pointers cover n_embd floats or are NULL.
+        unsafe {
+            let mut p = ffi::llama_get_embeddings_seq(self.ptr.as_ptr(), seq);
+            if p.is_null() {
+                p = ffi::llama_get_embeddings_ith(self.ptr.as_ptr(), -1);
+            }
+            if p.is_null() {
+                return Err(EngineError::NoEmbeddings);
+            }
+            Ok(std::slice::from_raw_parts(p, n).to_vec())
+        }
+    }
+
+    /// Forget all sequences.
+    pub fn clear(&mut self) {
+        // SAFETY: valid context.
+        unsafe { ffi::llama_memory_clear(ffi::llama_get_memory(self.ptr.as_ptr()), true) };
+    }
+
+    /// Remove positions `[p0, p1)` of a sequence (-1: open end).
+    pub fn seq_rm(&mut self, seq: i32, p0: i32, p1: i32) -> bool {
+        // SAFETY: valid context.
+        unsafe { ffi::llama_memory_seq_rm(ffi::llama_get_memory(self.ptr.as_ptr()), seq, p0, p1) }
+    }
+
+    /// Highest position stored for a sequence, or -1.
+    pub fn seq_pos_max(&self, seq: i32) -> i32 {
+        // SAFETY: valid context.
+        unsafe { ffi::llama_memory_seq_pos_max(ffi::llama_get_memory(self.ptr.as_ptr()), seq) }
+    }
+
+    /// Memory per buffer type used by this context and its model (patch 0001).
+    pub fn memory_breakdown(&self) -> Vec<MemoryBreakdown> {
+        let mut entries = vec![ffi::llama_memory_breakdown_entry::default(); 16];
+        // SAFETY: entries holds 16 writable elements.
+        let n = unsafe { ffi::llama_get_memory_breakdown_c(self.ptr.as_ptr(), entries.as_mut_ptr(), 16) };
+        if n as usize > entries.len() {
+            entries = vec![ffi::llama_memory_breakdown_entry::default(); n as usize];
+            // SAFETY: as above, with room for all n.
+            unsafe { ffi::llama_get_memory_breakdown_c(self.ptr.as_ptr(), entries.as_mut_ptr(), n) };
+        }
+        entries.truncate(n.max(0) as usize);
+        entries
+            .into_iter()
+            .map(|e| {
+                let b = BufferType(e.buft);
+                MemoryBreakdown {
+                    buffer_type: b.name(),
+                    is_host: b.is_host(),
+                    model: e.model as u64,
+                    context: e.context as u64,
+                    compute: e.compute as u64,
+                }
+            })
+            .collect()
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ffi::llama_context {
+        self.ptr.as_ptr()
+    }
+}
+
+/// One token of a multi-sequence batch.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchItem {
+    pub token: Token,
+    pub pos: i32,
+    pub seq: i32,
+    /// Keep this token's logits.
+    pub logits: bool,
+}

@@ -1,0 +1,99 @@
+//! Buffer types and memory accounting (patch 0001).
+
+use std::ffi::CStr;
+
+use super::ffi;
+
+/// A ggml buffer type: where a tensor's bytes live (e.g. "CPU", "CUDA0",
+/// "CUDA_Host").
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BufferType(pub(crate) ffi::ggml_backend_buffer_type_t);
+
+// SAFETY: buffer types are immutable, process-wide singletons in ggml.
+unsafe impl Send for BufferType {}
+unsafe impl Sync for BufferType {}
+
+impl BufferType {
+    /// The buffer type's name.
+    pub fn name(&self) -> String {
+        // SAFETY: valid buffer type; ggml returns a static string.
+        let p = unsafe { ffi::ggml_backend_buft_name(self.0) };
+        if p.is_null() {
+            return String::new();
+        }
+        // SAFETY: non-null NUL-terminated string.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+
+    /// Whether the buffer lives in host memory.
+    pub fn is_host(&self) -> bool {
+        // SAFETY: valid buffer type.
+        unsafe { ffi::ggml_backend_buft_is_host(self.0) }
+    }
+
+    /// Bytes a tensor of this type and shape takes on this buffer type,
+    /// including backend padding.
+    pub fn alloc_size(&self, ty: ffi::ggml_type, ne: [i64; 4]) -> u64 {
+        let mut t = ffi::ggml_tensor::default();
+        t.type_ = ty;
+        t.ne = ne;
+        // SAFETY: a stack tensor with type and shape filled in is what the
+        // size query reads; nb is derived as ggml_new_tensor would.
+        unsafe {
+            let ts = ffi::ggml_type_size(ty);
+            let bs = ffi::ggml_blck_size(ty) as usize;
+            t.nb[0] = ts;
+            t.nb[1] = ts * (ne[0] as usize / bs);
+            t.nb[2] = t.nb[1] * ne[1] as usize;
+            t.nb[3] = t.nb[2] * ne[2] as usize;
+            ffi::ggml_backend_buft_get_alloc_size(self.0, &mut t) as u64
+        }
+    }
+}
+
+impl std::fmt::Debug for BufferType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BufferType({})", self.name())
+    }
+}
+
+/// Every buffer type offered by the loaded devices: each device's default
+/// buffer type, then its host (pinned) buffer type if it has one.
+pub fn buffer_types() -> Vec<BufferType> {
+    let mut v = Vec::new();
+    // SAFETY: device queries with in-range indices.
+    unsafe {
+        for i in 0..ffi::ggml_backend_dev_count() {
+            let dev = ffi::ggml_backend_dev_get(i);
+            let b = ffi::ggml_backend_dev_buffer_type(dev);
+            if !b.is_null() {
+                v.push(BufferType(b));
+            }
+            let h = ffi::ggml_backend_dev_host_buffer_type(dev);
+            if !h.is_null() {
+                v.push(BufferType(h));
+            }
+        }
+    }
+    v
+}
+
+/// Memory held by a context and its model in one buffer type.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MemoryBreakdown {
+    pub buffer_type: String,
+    pub is_host: bool,
+    /// Weights.
+    pub model: u64,
+    /// KV cache and other per-sequence state.
+    pub context: u64,
+    /// Scheduler compute buffers.
+    pub compute: u64,
+}
+
+impl MemoryBreakdown {
+    /// Everything this buffer type holds.
+    pub fn total(&self) -> u64 {
+        self.model + self.context + self.compute
+    }
+}

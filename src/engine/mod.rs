@@ -1,0 +1,27 @@
+//! The safe layer over llama.cpp. Every `unsafe` block of pipeshard lives in
+//! this module; everything above it uses these types.
+//!
+//! ```no_run
+//! use pipeshard::engine::{Context, ContextParams, Model, ModelParams};
+//! # fn main() -> Result<(), pipeshard::engine::EngineError> {
+//! let model = Model::load("model.gguf".as_ref(), ModelParams::default())?;
+//! let mut ctx = Context::new(&model, ContextParams::default())?;
+//! let tokens = model.tokenize("Hello", true, false)?;
+//! ctx.decode_tokens(&tokens, 0, true)?;
+//! # Ok(()) }
+//! ```
+
+mod backend;
+mod context;
+mod error;
+pub mod ffi;
+mod memory;
+mod model;
+mod sampler;
+
+pub use backend::{has_gpu, init, list_devices, Device, DeviceKind};
+pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAttention};
+pub use error::{EngineError, Result};
+pub use memory::{buffer_types, BufferType, MemoryBreakdown};
+pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
+pub use sampler::{Sampler, SamplingParams};

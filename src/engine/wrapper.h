@@ -1,0 +1,8 @@
+// Headers that bindgen turns into `pipeshard::engine::ffi`.
+#include "llama.h"
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "gguf.h"
+#include "mtmd.h"
+#include "mtmd-helper.h"

@@ -1,0 +1,209 @@
+//! Text generation on top of the engine: prompt processing, sampling,
+//! streaming and timings.
+
+use std::time::Instant;
+
+use crate::engine::{Context, EngineError, Model, Sampler, SamplingParams, Token};
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// Tokens of the prompt (already templated and tokenized).
+    pub prompt: Vec<Token>,
+    /// Tokens to generate at most; generation also ends at an end-of-generation token.
+    pub n_predict: usize,
+    pub sampling: SamplingParams,
+    /// Stop when the generated text contains one of these strings.
+    pub stop: Vec<String>,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// An end-of-generation token.
+    Eos,
+    /// `n_predict` tokens were produced.
+    Length,
+    /// A stop string was produced.
+    StopString,
+    /// The context is full.
+    ContextFull,
+    /// The consumer asked to stop.
+    Cancelled,
+}
+
+/// Timings and counts, as llama.cpp reports them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GenerateStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Prompt processing until the first generated token is sampled.
+    pub ttft_ms: f64,
+    pub prompt_tokens_per_s: f64,
+    /// Decode time for the tokens after the first.
+    pub decode_ms: f64,
+    pub decode_tokens_per_s: f64,
+    pub stop: StopReason,
+}
+
+/// The full result of a generation.
+#[derive(Debug, Clone)]
+pub struct GenerateOutput {
+    pub text: String,
+    pub tokens: Vec<Token>,
+    pub stats: GenerateStats,
+}
+
+/// Assembles token bytes into valid UTF-8 pieces for streaming.
+#[derive(Default)]
+pub struct Utf8Stream {
+    pending: Vec<u8>,
+}
+
+impl Utf8Stream {
+    /// Add bytes; returns the longest valid UTF-8 text now complete.
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        match std::str::from_utf8(&self.pending) {
+            Ok(s) => {
+                let s = s.to_string();
+                self.pending.clear();
+                s
+            }
+            Err(e) => {
+                let valid = e.valid_up_to();
+                // An invalid sequence (not just an incomplete one) is emitted lossily.
+                let cut = if e.error_len().is_some() { self.pending.len() } else { valid };
+                let s = String::from_utf8_lossy(&self.pending[..cut]).into_owned();
+                self.pending.drain(..cut);
+                s
+            }
+        }
+    }
+
+    /// Whatever is left, lossily.
+    pub fn finish(&mut self) -> String {
+        let s = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        s
+    }
+}
+
+/// Generate from a fresh sequence 0 of `ctx`. `on_text` gets each new piece
+/// of text; returning `false` stops generation.
+pub fn generate(
+    ctx: &mut Context<'_>,
+    req: &GenerateRequest,
+    mut on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerateOutput, EngineError> {
+    let model: &Model = ctx.model();
+    if req.prompt.is_empty() {
+        return Err(EngineError::InvalidArgument("the prompt is empty".into()));
+    }
+    let n_ctx = ctx.n_ctx() as usize;
+    if req.prompt.len() >= n_ctx {
+        return Err(EngineError::ContextOverflow { n_tokens: req.prompt.len(), n_ctx: n_ctx as u32 });
+    }
+    let mut sampler = Sampler::new(model, &req.sampling)?;
+    ctx.clear();
+
+    let t0 = Instant::now();
+    ctx.decode_tokens(&req.prompt, 0, true)?;
+    for &t in &req.prompt {
+        sampler.accept(t);
+    }
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    let mut utf8 = Utf8Stream::default();
+    let mut pos = req.prompt.len() as i32;
+    let mut ttft = None;
+    let stop;
+    let t_first;
+    let mut sampled = sampler.sample(ctx, -1);
+    ttft.get_or_insert_with(|| t0.elapsed());
+    t_first = Instant::now();
+    loop {
+        if model.is_eog(sampled) {
+            stop = StopReason::Eos;
+            break;
+        }
+        tokens.push(sampled);
+        let piece = utf8.push(&model.token_to_bytes(sampled, false)?);
+        if !piece.is_empty() {
+            text.push_str(&piece);
+            if let Some(cut) = find_stop(&text, &req.stop) {
+                text.truncate(cut);
+                stop = StopReason::StopString;
+                break;
+            }
+            if !on_text(&piece) {
+                stop = StopReason::Cancelled;
+                break;
+            }
+        }
+        if tokens.len() >= req.n_predict {
+            stop = StopReason::Length;
+            break;
+        }
+        if pos as usize + 1 >= n_ctx {
+            stop = StopReason::ContextFull;
+            break;
+        }
+        ctx.decode_tokens(&[sampled], pos, true)?;
+        pos += 1;
+        sampled = sampler.sample(ctx, -1);
+    }
+    let rest = utf8.finish();
+    if !rest.is_empty() && stop != StopReason::StopString {
+        text.push_str(&rest);
+        on_text(&rest);
+    }
+    let ttft = ttft.unwrap_or_default();
+    let decode = t_first.elapsed();
+    let decoded = tokens.len().saturating_sub(1);
+    let stats = GenerateStats {
+        prompt_tokens: req.prompt.len(),
+        generated_tokens: tokens.len(),
+        ttft_ms: ttft.as_secs_f64() * 1e3,
+        prompt_tokens_per_s: req.prompt.len() as f64 / ttft.as_secs_f64().max(1e-9),
+        decode_ms: decode.as_secs_f64() * 1e3,
+        decode_tokens_per_s: if decoded > 0 { decoded as f64 / decode.as_secs_f64().max(1e-9) } else { 0.0 },
+        stop,
+    };
+    Ok(GenerateOutput { text, tokens, stats })
+}
+
+/// Byte offset where the first stop string starts, if any.
+pub fn find_stop(text: &str, stops: &[String]) -> Option<usize> {
+    stops.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s.as_str())).min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf8_stream_holds_back_partial_characters() {
+        let mut s = Utf8Stream::default();
+        let bytes = "é€".as_bytes();
+        assert_eq!(s.push(&bytes[..1]), "");
+        assert_eq!(s.push(&bytes[1..3]), "é");
+        assert_eq!(s.push(&bytes[3..]), "€");
+        assert_eq!(s.finish(), "");
+    }
+
+    #[test]
+    fn utf8_stream_flushes_invalid_bytes() {
+        let mut s = Utf8Stream::default();
+        assert_eq!(s.push(&[0xff, b'a']), "\u{fffd}a");
+    }
+
+    #[test]
+    fn stop_strings_cut_at_the_earliest() {
+        let stops = vec!["\n\n".to_string(), "END".to_string()];
+        assert_eq!(find_stop("abc END x\n\n", &stops), Some(4));
+        assert_eq!(find_stop("abc", &stops), None);
+        assert_eq!(find_stop("abc", &[String::new()]), None);
+    }
+}

@@ -1,0 +1,15 @@
+//! pipeshard: run GGUF models under a hard VRAM budget, as fast as the
+//! machine allows, with the same math as full-GPU execution.
+//!
+//! The crate is layered:
+//! - [`engine`]: the safe FFI layer over our patched llama.cpp (all `unsafe`
+//!   lives there);
+//! - [`gguf`]: reading, validating and writing GGUF files without loading them;
+//! - [`synth`]: random-weight GGUFs with real model shapes;
+//! - [`generate`]: prompt processing, sampling and streaming on an engine context;
+//! - [`default_model`]: the default model, fetched from PyPI on first use.
+
+pub mod default_model;
+pub mod engine;
+pub mod generate;
+pub mod progress;
