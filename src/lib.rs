@@ -12,4 +12,5 @@
 pub mod default_model;
 pub mod engine;
 pub mod generate;
+pub mod gguf;
 pub mod progress;

@@ -70,7 +70,10 @@ impl Model {
         if !path.exists() {
             return Err(EngineError::ModelMissing { path: path.to_path_buf() });
         }
-        // GGUF_VALIDATE
+        crate::gguf::GgufFile::open(path).map_err(|e| EngineError::InvalidModel {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
         super::init(None)?;
 
         let c_path = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| EngineError::NulInText)?;

@@ -168,6 +168,14 @@ pub enum GgufErrorKind {
         /// The file's alignment.
         alignment: u64,
     },
+    /// Two tensors' data regions overlap.
+    #[error("tensors '{first}' and '{second}' have overlapping data")]
+    OverlappingTensors {
+        /// The tensor with the lower offset.
+        first: String,
+        /// The tensor whose data starts inside the first one's.
+        second: String,
+    },
     /// A tensor's data extends past the end of the file.
     #[error("tensor '{tensor}' data ends at byte {end} but the file has {file_size} bytes")]
     DataOutOfBounds {

@@ -458,6 +458,18 @@ fn parse<R: Read>(reader: R, file_size: u64, path: &Path) -> Result<GgufFile, Gg
         }
     }
 
+    // No two tensors may share bytes.
+    let mut by_offset: Vec<&TensorInfo> = tensors.iter().collect();
+    by_offset.sort_by_key(|t| t.offset);
+    for pair in by_offset.windows(2) {
+        if pair[0].offset + pair[0].nbytes > pair[1].offset {
+            return Err(GgufErrorKind::OverlappingTensors {
+                first: pair[0].name.clone(),
+                second: pair[1].name.clone(),
+            });
+        }
+    }
+
     Ok(GgufFile {
         path: path.to_path_buf(),
         version,
@@ -848,6 +860,20 @@ mod tests {
             .pad_to(32)
             .zeros(64);
         assert!(matches!(kind(&r.buf), GgufErrorKind::DuplicateTensor(n) if n == "t"));
+    }
+
+    #[test]
+    fn overlapping_tensors() {
+        let mut r = Raw::default();
+        r.header(3, 2, 0)
+            .tensor("a", &[16], 0, 0)
+            .tensor("b", &[4], 0, 32)
+            .pad_to(32)
+            .zeros(128);
+        assert!(matches!(
+            kind(&r.buf),
+            GgufErrorKind::OverlappingTensors { first, second } if first == "a" && second == "b"
+        ));
     }
 
     #[test]

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Package what the GPU machine needs into dist/ (run here, after a release
+# build): the pipeshard binaries, the llama.cpp shared libraries and CPU
+# backend module built here, and the same patched llama.cpp source, from
+# which scripts/device/build-cuda.sh builds the CUDA backend module there.
+#
+#   scripts/device/pack.sh [DIST]     (default DIST=dist)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DIST=${1:-dist}
+SRC=vendor/llama.cpp
+[[ -f $SRC/.pipeshard-stamp ]] || { echo "pack: build first (./dev cargo build --release)" >&2; exit 1; }
+LIBDIR=$(ls -d target/llama.cpp/*/lib | while read -r d; do
+    # the build whose source stamp matches the patched tree
+    [[ -f $d/libllama.so ]] && echo "$(stat -c %Y "$d/libllama.so") $d"; done | sort -n | tail -n1 | cut -d' ' -f2)
+[[ -n "$LIBDIR" ]] || { echo "pack: no llama.cpp build under target/llama.cpp" >&2; exit 1; }
+
+rm -rf "$DIST"
+mkdir -p "$DIST/lib"
+for b in pipeshard pipeshard-server; do
+    cp "target/release/$b" "$DIST/$b"
+    strip "$DIST/$b" 2>/dev/null || true
+done
+cp -L "$LIBDIR"/*.so "$DIST/lib/"
+for f in "$DIST"/lib/*.so; do strip --strip-unneeded "$f" 2>/dev/null || true; done
+tar -C "$SRC" -czf "$DIST/llama.cpp-src.tar.gz" \
+    --exclude=./models --exclude=./docs --exclude=./examples --exclude=./tests \
+    --exclude=./gguf-py --exclude=./tools/server --exclude=./tools/ui --exclude=./ci \
+    --exclude=./pocs --exclude=./.devops --exclude=./media --exclude=./grammars .
+cp scripts/device/build-cuda.sh "$DIST/"
+echo "pack: $(du -sh "$DIST" | cut -f1) in $DIST"
+ls -la "$DIST" "$DIST/lib"

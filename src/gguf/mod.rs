@@ -1,0 +1,48 @@
+//! GGUF inspection, validation and writing, in pure Rust.
+//!
+//! * [`GgufFile::open`] reads only the header, metadata and tensor directory
+//!   of a file and validates every tensor's extent against the file size;
+//!   malformed input yields a [`GgufError`] naming the file and the problem.
+//! * [`GgufWriter`] streams a new file: header and directory first, then
+//!   each tensor's bytes in order, without holding the model in memory.
+//! * [`ModelInfo`] derives hyper-parameters and a classified tensor list
+//!   from a parsed file, for memory planning.
+//! * [`types`] has the ggml type table and size helpers, including the CUDA
+//!   allocation-padding rule ([`cuda_alloc_size`]).
+
+pub mod error;
+pub mod model_info;
+pub mod reader;
+pub mod types;
+pub mod value;
+pub mod writer;
+
+pub use error::{GgufError, GgufErrorKind, GgufWriteError};
+pub use model_info::{parse_layer, ModelInfo, ModelInfoError, ModelTensor, TensorRole};
+pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT};
+pub use types::{cuda_alloc_size, n_elements, nbytes, row_size, GgmlType, SizeError};
+pub use value::{GgufArray, GgufValue, GgufValueType};
+pub use writer::{GgufWriter, PlannedTensor, TensorDataWriter, TensorSink};
+
+use std::path::Path;
+
+/// Error from [`inspect`]: the file is malformed, or its metadata does not
+/// describe a model.
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    /// The file could not be read or is malformed.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// The metadata lacks required hyper-parameters.
+    #[error(transparent)]
+    Model(#[from] ModelInfoError),
+}
+
+/// Opens `path`, validates its header and tensor directory against the file
+/// size, and derives its [`ModelInfo`]. This is the one-call entry point for
+/// inspecting a real model file (and what the real-model tests exercise).
+pub fn inspect(path: &Path) -> Result<(GgufFile, ModelInfo), InspectError> {
+    let file = GgufFile::open(path)?;
+    let info = ModelInfo::from_gguf(&file)?;
+    Ok((file, info))
+}

@@ -1,0 +1,139 @@
+//! The `pipeshard` binary end to end: output, timings, and clean failures.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn pipeshard(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipeshard")).args(args).output().expect("spawning pipeshard")
+}
+
+fn run_model(model: &Path) -> Output {
+    pipeshard(&["run", "-m", model.to_str().unwrap(), "-p", "hello", "-n", "4", "-t", "2"])
+}
+
+/// Exit code 1 (not a signal, not a panic's 101) with a message naming the problem.
+fn assert_clean_failure(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "status {:?}, stderr:\n{stderr}", out.status);
+    assert!(stderr.contains("error:"), "no error line:\n{stderr}");
+    assert!(stderr.to_lowercase().contains(&needle.to_lowercase()), "expected {needle:?} in:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "panicked:\n{stderr}");
+}
+
+#[test]
+fn run_streams_text_and_reports_timings() {
+    let model = common::default_model_path();
+    let out = pipeshard(&[
+        "run", "-m", model.to_str().unwrap(), "-p", "The capital of France is", "-n", "12", "-t", "2", "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.trim().len() > 3, "no text: {stdout:?}");
+    let json_line = stderr.lines().rev().find(|l| l.starts_with('{')).expect("a JSON line");
+    let v: serde_json::Value = serde_json::from_str(json_line).unwrap();
+    assert!(v["load_ms"].as_f64().unwrap() > 0.0);
+    assert!(v["stats"]["ttft_ms"].as_f64().unwrap() > 0.0);
+    assert!(v["stats"]["prompt_tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(v["stats"]["generated_tokens"].as_u64().unwrap() > 0);
+    // Greedy by default: the same text twice.
+    let again = pipeshard(&[
+        "run", "-m", model.to_str().unwrap(), "-p", "The capital of France is", "-n", "12", "-t", "2", "--quiet",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&again.stdout), stdout);
+}
+
+#[test]
+fn run_with_chat_template_and_human_readable_timings() {
+    let model = common::default_model_path();
+    let out = pipeshard(&["run", "-m", model.to_str().unwrap(), "--chat", "-p", "Say hi.", "-n", "16", "-t", "2"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for key in ["load:", "TTFT", "tok/s", "decode:"] {
+        assert!(stderr.contains(key), "missing {key} in {stderr}");
+    }
+}
+
+#[test]
+fn missing_model_file_fails_cleanly() {
+    assert_clean_failure(&run_model(Path::new("/nonexistent/model.gguf")), "does not exist");
+}
+
+#[test]
+fn non_gguf_file_fails_cleanly() {
+    let dir = common::scratch_dir("non-gguf");
+    let f = dir.join("notes.gguf");
+    std::fs::write(&f, b"this is plain text, not a model\n".repeat(100)).unwrap();
+    assert_clean_failure(&run_model(&f), "not a usable GGUF");
+}
+
+#[test]
+fn truncated_gguf_fails_cleanly() {
+    let dir = common::scratch_dir("truncated");
+    let real = std::fs::read(common::default_model_path()).unwrap();
+    // Cut inside the metadata, and inside the tensor data.
+    for (i, cut) in [64usize, 200_000, real.len() / 2, real.len() - 1].into_iter().enumerate() {
+        let f = dir.join(format!("cut{i}.gguf"));
+        std::fs::write(&f, &real[..cut]).unwrap();
+        assert_clean_failure(&run_model(&f), "not a usable GGUF");
+    }
+}
+
+fn gguf_header(n_tensors: u64, n_kv: u64) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(n_tensors.to_le_bytes());
+    b.extend(n_kv.to_le_bytes());
+    b
+}
+
+fn gguf_string(b: &mut Vec<u8>, s: &str) {
+    b.extend((s.len() as u64).to_le_bytes());
+    b.extend(s.as_bytes());
+}
+
+#[test]
+fn absurd_gguf_headers_fail_cleanly() {
+    let dir = common::scratch_dir("absurd");
+    // Absurd counts.
+    for (name, n_tensors, n_kv) in [("tensors", u64::MAX / 3, 0), ("kv", 0, 1 << 62)] {
+        let f = dir.join(format!("{name}.gguf"));
+        let mut b = gguf_header(n_tensors, n_kv);
+        b.extend([0u8; 64]);
+        std::fs::write(&f, &b).unwrap();
+        assert_clean_failure(&run_model(&f), "not a usable GGUF");
+    }
+    // One tensor that claims 2^40 x 2^40 floats.
+    let f = dir.join("huge-tensor.gguf");
+    let mut b = gguf_header(1, 1);
+    gguf_string(&mut b, "general.architecture");
+    b.extend(8u32.to_le_bytes());
+    gguf_string(&mut b, "llama");
+    gguf_string(&mut b, "token_embd.weight");
+    b.extend(2u32.to_le_bytes());
+    b.extend((1u64 << 40).to_le_bytes());
+    b.extend((1u64 << 40).to_le_bytes());
+    b.extend(0u32.to_le_bytes());
+    b.extend(0u64.to_le_bytes());
+    b.resize(b.len().next_multiple_of(32) + 64, 0);
+    std::fs::write(&f, &b).unwrap();
+    assert_clean_failure(&run_model(&f), "not a usable GGUF");
+    // An absurd string length in the metadata.
+    let f = dir.join("long-key.gguf");
+    let mut b = gguf_header(0, 1);
+    b.extend((1u64 << 60).to_le_bytes());
+    b.extend(b"abc");
+    std::fs::write(&f, &b).unwrap();
+    assert_clean_failure(&run_model(&f), "not a usable GGUF");
+}
+
+#[test]
+fn bad_arguments_fail_cleanly() {
+    let model = common::default_model_path();
+    let out = pipeshard(&["run", "-m", model.to_str().unwrap(), "--flash-attn", "sideways"]);
+    assert_clean_failure(&out, "flash-attn");
+    let out = pipeshard(&["run", "-m", model.to_str().unwrap(), "-p", "x", "--top-p", "7"]);
+    assert_clean_failure(&out, "top_p");
+}

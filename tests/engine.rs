@@ -1,0 +1,210 @@
+//! The safe engine on the real default model, on the CPU.
+
+mod common;
+
+use pipeshard::engine::{
+    apply_chat_template, buffer_types, ChatMessage, Context, ContextParams, FlashAttention, Model,
+    SamplingParams, Token,
+};
+use pipeshard::generate::{generate, GenerateRequest, StopReason};
+
+fn ctx_params() -> ContextParams {
+    ContextParams { n_ctx: 1024, n_batch: 256, n_ubatch: 128, n_threads: Some(2), ..Default::default() }
+}
+
+fn greedy(model: &Model, prompt: &str, n: usize) -> (Vec<Token>, String) {
+    let mut ctx = Context::new(model, ctx_params()).unwrap();
+    let req = GenerateRequest {
+        prompt: model.tokenize(prompt, true, false).unwrap(),
+        n_predict: n,
+        sampling: SamplingParams::greedy(),
+        stop: vec![],
+    };
+    let mut streamed = String::new();
+    let out = generate(&mut ctx, &req, |p| {
+        streamed.push_str(p);
+        true
+    })
+    .unwrap();
+    assert_eq!(streamed, out.text, "streamed pieces add up to the text");
+    (out.tokens, out.text)
+}
+
+/// The plain path: decode, take the argmax of the raw logits, no sampler chain.
+fn argmax_loop(model: &Model, prompt: &str, n: usize) -> Vec<Token> {
+    let mut ctx = Context::new(model, ctx_params()).unwrap();
+    let prompt = model.tokenize(prompt, true, false).unwrap();
+    ctx.decode_tokens(&prompt, 0, true).unwrap();
+    let mut pos = prompt.len() as i32;
+    let mut out = Vec::new();
+    while out.len() < n {
+        let logits = ctx.logits(-1).unwrap();
+        let best = logits
+            .iter()
+            .enumerate()
+            .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+            .0 as Token;
+        if model.is_eog(best) {
+            break;
+        }
+        out.push(best);
+        ctx.decode_tokens(&[best], pos, true).unwrap();
+        pos += 1;
+    }
+    out
+}
+
+#[test]
+fn greedy_generation_is_deterministic_and_equals_plain_argmax() {
+    let model = common::load_default_model();
+    let prompt = "The three primary colors are";
+    let (a, text) = greedy(&model, prompt, 32);
+    let (b, _) = greedy(&model, prompt, 32);
+    assert_eq!(a, b, "greedy output differs between runs");
+    assert!(a.len() >= 8, "too few tokens: {text:?}");
+    assert_eq!(a, argmax_loop(&model, prompt, a.len()), "sampler chain disagrees with the raw argmax");
+    assert!(text.chars().any(char::is_alphabetic), "not text: {text:?}");
+}
+
+#[test]
+fn seeded_sampling_is_reproducible() {
+    let model = common::load_default_model();
+    let run = |seed| {
+        let mut ctx = Context::new(&model, ctx_params()).unwrap();
+        let req = GenerateRequest {
+            prompt: model.tokenize("Once upon a time", true, false).unwrap(),
+            n_predict: 24,
+            sampling: SamplingParams { temperature: 1.0, seed, ..Default::default() },
+            stop: vec![],
+        };
+        generate(&mut ctx, &req, |_| true).unwrap().tokens
+    };
+    assert_eq!(run(7), run(7));
+}
+
+#[test]
+fn flash_attention_does_not_change_greedy_tokens() {
+    let model = common::load_default_model();
+    let run = |fa| {
+        let mut ctx = Context::new(&model, ContextParams { flash_attention: fa, ..ctx_params() }).unwrap();
+        let req = GenerateRequest {
+            prompt: model.tokenize("List three fruits:", true, false).unwrap(),
+            n_predict: 16,
+            sampling: SamplingParams::greedy(),
+            stop: vec![],
+        };
+        generate(&mut ctx, &req, |_| true).unwrap().tokens
+    };
+    assert_eq!(run(FlashAttention::On), run(FlashAttention::Off));
+}
+
+#[test]
+fn tokenize_detokenize_round_trip() {
+    let model = common::load_default_model();
+    for text in [
+        "Hello, world!",
+        "  leading spaces and trailing ones  ",
+        "Unicode: naïve café — 東京 🚀",
+        "code: fn main() { println!(\"hi\"); }\n\ttabs",
+    ] {
+        let toks = model.tokenize(text, false, false).unwrap();
+        assert!(!toks.is_empty());
+        assert_eq!(model.detokenize(&toks, false, false).unwrap(), text);
+        let bytes: Vec<u8> = toks.iter().flat_map(|&t| model.token_to_bytes(t, false).unwrap()).collect();
+        assert_eq!(String::from_utf8(bytes).unwrap(), text);
+    }
+    assert!(model.token_to_bytes(model.n_vocab(), false).is_err(), "out-of-range token accepted");
+    assert!(model.detokenize(&[-1], false, false).is_err());
+}
+
+#[test]
+fn special_tokens_are_known() {
+    let model = common::load_default_model();
+    let eos = model.token_eos().expect("an EOS token");
+    assert!(model.is_eog(eos));
+    let im_start = model.tokenize("<|im_start|>", false, true).unwrap();
+    assert_eq!(im_start.len(), 1, "special token text parses to one token");
+    let literal = model.tokenize("<|im_start|>", false, false).unwrap();
+    assert!(literal.len() > 1, "without parse_special it stays plain text");
+}
+
+#[test]
+fn chat_template_renders_like_upstream() {
+    let model = common::load_default_model();
+    let tmpl = model.chat_template(None).expect("SmolLM2 ships a chat template");
+    let msgs = vec![
+        ChatMessage { role: "system".into(), content: "Be brief.".into() },
+        ChatMessage { role: "user".into(), content: "Hi!".into() },
+    ];
+    let text = apply_chat_template(&tmpl, &msgs, true).unwrap();
+    assert_eq!(
+        text,
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let no_gen = apply_chat_template(&tmpl, &msgs, false).unwrap();
+    assert!(!no_gen.ends_with("assistant\n"));
+}
+
+#[test]
+fn chat_generation_stops_at_end_of_turn() {
+    let model = common::load_default_model();
+    let tmpl = model.chat_template(None).unwrap();
+    let msgs = vec![ChatMessage { role: "user".into(), content: "What is the capital of France?".into() }];
+    let prompt = apply_chat_template(&tmpl, &msgs, true).unwrap();
+    let mut ctx = Context::new(&model, ctx_params()).unwrap();
+    let req = GenerateRequest {
+        prompt: model.tokenize(&prompt, false, true).unwrap(),
+        n_predict: 64,
+        sampling: SamplingParams::greedy(),
+        stop: vec![],
+    };
+    let out = generate(&mut ctx, &req, |_| true).unwrap();
+    assert_eq!(out.stats.stop, StopReason::Eos, "{:?}", out.text);
+    assert!(out.text.contains("Paris"), "{:?}", out.text);
+}
+
+#[test]
+fn memory_breakdown_and_tensor_sizes_from_patch_0001() {
+    let model = common::load_default_model();
+    let ctx = Context::new(&model, ctx_params()).unwrap();
+    let mb = ctx.memory_breakdown();
+    assert!(!mb.is_empty());
+    let model_bytes: u64 = mb.iter().map(|m| m.model).sum();
+    assert!(model_bytes >= model.size_bytes(), "{model_bytes} < {}", model.size_bytes());
+    assert!(mb.iter().map(|m| m.context).sum::<u64>() > 0, "KV cache not counted");
+    assert!(mb.iter().map(|m| m.compute).sum::<u64>() > 0, "compute buffers not counted");
+
+    let cpu = buffer_types().into_iter().find(|b| b.name() == "CPU").expect("a CPU buffer type");
+    let gguf = pipeshard::gguf::GgufFile::open(model.path()).unwrap();
+    for t in gguf.tensors() {
+        let got = model.tensor_alloc_size(&t.name, cpu).expect("every GGUF tensor is in the model");
+        assert_eq!(got, t.nbytes, "{}", t.name);
+    }
+    assert_eq!(model.tensor_alloc_size("no.such.tensor", cpu), None);
+}
+
+#[test]
+fn embeddings_are_finite_and_deterministic() {
+    let model = common::load_default_model();
+    let embed = |text: &str| {
+        let mut ctx = Context::new(&model, ContextParams { embeddings: true, ..ctx_params() }).unwrap();
+        let toks = model.tokenize(text, true, false).unwrap();
+        ctx.decode_tokens(&toks, 0, true).unwrap();
+        ctx.embeddings(0).unwrap()
+    };
+    let a = embed("The cat sat on the mat.");
+    assert_eq!(a.len(), model.n_embd() as usize);
+    assert!(a.iter().all(|v| v.is_finite()));
+    assert!(a.iter().any(|&v| v != 0.0));
+    assert_eq!(a, embed("The cat sat on the mat."));
+}
+
+#[test]
+fn context_overflow_is_an_error_not_a_crash() {
+    let model = common::load_default_model();
+    let mut ctx = Context::new(&model, ContextParams { n_ctx: 256, n_batch: 256, n_ubatch: 128, ..ctx_params() })
+        .unwrap();
+    let long: Vec<Token> = vec![model.tokenize("a", false, false).unwrap()[0]; 300];
+    assert!(ctx.decode_tokens(&long, 0, false).is_err());
+    assert!(ctx.decode_tokens(&[model.n_vocab() + 5], 0, true).is_err());
+}
