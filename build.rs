@@ -166,14 +166,17 @@ fn source_stamp(patches: &[PathBuf]) -> Result<String> {
 }
 
 /// Extract the pristine tree and apply our patches, unless the tree already
-/// carries the same stamp.
+/// carries the same stamp. The result is synced into `src` file by file, so
+/// unchanged files keep their timestamps and cmake rebuilds only what a patch
+/// touched.
 fn prepare_source(crate_file: &Path, src: &Path, patches: &[PathBuf], stamp: &str) -> Result<()> {
     let stamp_file = src.join(".pipeshard-stamp");
     if fs::read_to_string(&stamp_file).ok().as_deref() == Some(stamp) {
         return Ok(());
     }
-    if src.exists() {
-        fs::remove_dir_all(src).map_err(|e| format!("removing {}: {e}", src.display()))?;
+    let staging = src.with_file_name("llama.cpp.staging");
+    if staging.exists() {
+        fs::remove_dir_all(&staging).map_err(|e| format!("removing {}: {e}", staging.display()))?;
     }
     let prefix = format!("{LLAMA_CRATE}-{LLAMA_CRATE_VERSION}/llama.cpp/");
     let f = fs::File::open(crate_file).map_err(|e| format!("{}: {e}", crate_file.display()))?;
@@ -186,16 +189,54 @@ fn prepare_source(crate_file: &Path, src: &Path, patches: &[PathBuf], stamp: &st
         if rel.is_empty() {
             continue;
         }
-        let dest = src.join(rel);
+        let dest = staging.join(rel);
         if let Some(parent) = dest.parent() {
             fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
         }
         entry.unpack(&dest).map_err(|e| format!("unpacking {rel}: {e}"))?;
     }
     for p in patches {
-        apply_patch(src, p)?;
+        apply_patch(&staging, p)?;
     }
+    let _ = fs::remove_file(&stamp_file);
+    sync_tree(&staging, src)?;
+    fs::remove_dir_all(&staging).map_err(|e| format!("removing {}: {e}", staging.display()))?;
     fs::write(&stamp_file, stamp).map_err(|e| format!("{}: {e}", stamp_file.display()))?;
+    Ok(())
+}
+
+/// Make `dst` equal to `src`, rewriting only files whose content differs.
+fn sync_tree(src: &Path, dst: &Path) -> Result<()> {
+    fs::create_dir_all(dst).map_err(|e| format!("{}: {e}", dst.display()))?;
+    let mut wanted = std::collections::HashSet::new();
+    for entry in fs::read_dir(src).map_err(|e| format!("{}: {e}", src.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let name = entry.file_name();
+        wanted.insert(name.clone());
+        let (from, to) = (entry.path(), dst.join(&name));
+        if from.is_dir() {
+            if to.is_file() {
+                fs::remove_file(&to).map_err(|e| format!("{}: {e}", to.display()))?;
+            }
+            sync_tree(&from, &to)?;
+        } else {
+            let new = fs::read(&from).map_err(|e| format!("{}: {e}", from.display()))?;
+            if to.is_dir() {
+                fs::remove_dir_all(&to).map_err(|e| format!("{}: {e}", to.display()))?;
+            }
+            if fs::read(&to).ok().as_deref() != Some(new.as_slice()) {
+                fs::write(&to, &new).map_err(|e| format!("{}: {e}", to.display()))?;
+            }
+        }
+    }
+    for entry in fs::read_dir(dst).map_err(|e| format!("{}: {e}", dst.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        if !wanted.contains(&entry.file_name()) && entry.file_name() != ".pipeshard-stamp" {
+            let p = entry.path();
+            let r = if p.is_dir() { fs::remove_dir_all(&p) } else { fs::remove_file(&p) };
+            r.map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+    }
     Ok(())
 }
 
@@ -268,8 +309,9 @@ fn cmake_defines(cuda: bool) -> Vec<(String, String)> {
 /// pipeshard share one (always optimised) llama.cpp build.
 fn build_llama(root: &Path, out_dir: &Path, src: &Path, stamp: &str, cuda: bool) -> Result<PathBuf> {
     let defines = cmake_defines(cuda);
+    // The build directory depends on the configuration only; a new source
+    // stamp rebuilds incrementally in the same directory.
     let mut h = Sha256::new();
-    h.update(stamp.as_bytes());
     for (k, v) in &defines {
         h.update(format!("{k}={v};").as_bytes());
     }
@@ -281,7 +323,7 @@ fn build_llama(root: &Path, out_dir: &Path, src: &Path, stamp: &str, cuda: bool)
         .unwrap_or_else(|| root.join("target"));
     let dest = target_dir.join("llama.cpp").join(key);
     let done = dest.join(".pipeshard-built");
-    if done.exists() {
+    if fs::read_to_string(&done).ok().as_deref() == Some(stamp) {
         return Ok(dest);
     }
 
@@ -294,7 +336,7 @@ fn build_llama(root: &Path, out_dir: &Path, src: &Path, stamp: &str, cuda: bool)
         cfg.build_arg(format!("-j{}", std::thread::available_parallelism().map_or(2, |n| n.get())));
     }
     cfg.build();
-    fs::write(&done, "").map_err(|e| format!("{}: {e}", done.display()))?;
+    fs::write(&done, stamp).map_err(|e| format!("{}: {e}", done.display()))?;
     Ok(dest)
 }
 

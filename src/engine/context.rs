@@ -7,6 +7,7 @@ use super::error::{EngineError, Result};
 use super::ffi;
 use super::memory::{BufferType, MemoryBreakdown};
 use super::model::{Model, Token};
+use super::placement::{offload_trampoline, OffloadPolicy};
 
 /// Whether to use flash attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -18,7 +19,7 @@ pub enum FlashAttention {
 }
 
 /// Context parameters, mirroring llama.cpp's.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ContextParams {
     /// Context length in tokens; 0 takes the model's training length.
     pub n_ctx: u32,
@@ -44,6 +45,9 @@ pub struct ContextParams {
     pub type_v: Option<ffi::ggml_type>,
     /// One KV buffer shared by all sequences.
     pub kv_unified: bool,
+    /// Per-op offload decisions for host weights (patch 0002); `None` keeps
+    /// upstream's batch-size threshold.
+    pub offload: Option<OffloadPolicy>,
 }
 
 impl Default for ContextParams {
@@ -62,7 +66,22 @@ impl Default for ContextParams {
             type_k: None,
             type_v: None,
             kv_unified: true,
+            offload: None,
         }
+    }
+}
+
+impl std::fmt::Debug for ContextParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContextParams")
+            .field("n_ctx", &self.n_ctx)
+            .field("n_batch", &self.n_batch)
+            .field("n_ubatch", &self.n_ubatch)
+            .field("n_seq_max", &self.n_seq_max)
+            .field("flash_attention", &self.flash_attention)
+            .field("embeddings", &self.embeddings)
+            .field("offload", &self.offload.as_ref().map(|_| "custom"))
+            .finish_non_exhaustive()
     }
 }
 
@@ -78,6 +97,8 @@ pub struct Context<'m> {
     batch: ffi::llama_batch,
     batch_cap: usize,
     embeddings: bool,
+    // Boxed so its address stays fixed while the scheduler holds it.
+    _offload: Option<Box<OffloadPolicy>>,
 }
 
 // SAFETY: a llama_context may move between threads; it is not shared (no Sync).
@@ -124,6 +145,11 @@ impl<'m> Context<'m> {
             cp.type_v = t;
         }
         cp.no_perf = false;
+        let offload = params.offload.clone().map(Box::new);
+        if let Some(pol) = &offload {
+            cp.offload_cb = Some(offload_trampoline);
+            cp.offload_cb_user_data = &**pol as *const OffloadPolicy as *mut std::ffi::c_void;
+        }
         // SAFETY: model is valid for 'm, which the context cannot outlive.
         let raw = unsafe { ffi::llama_init_from_model(model.as_ptr(), cp) };
         let ptr = NonNull::new(raw).ok_or(EngineError::ContextCreate {
@@ -136,7 +162,7 @@ impl<'m> Context<'m> {
         // SAFETY: allocates a token batch of batch_cap entries, one seq id each
         // (we allocate n_seq_max ids so multi-sequence tokens fit).
         let batch = unsafe { ffi::llama_batch_init(batch_cap as i32, 0, params.n_seq_max as i32) };
-        Ok(Context { ptr, model, batch, batch_cap, embeddings: params.embeddings })
+        Ok(Context { ptr, model, batch, batch_cap, embeddings: params.embeddings, _offload: offload })
     }
 
     /// The model this context runs.

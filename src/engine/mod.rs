@@ -17,6 +17,8 @@ mod error;
 pub mod ffi;
 mod memory;
 mod model;
+mod output_embeddings;
+mod placement;
 mod sampler;
 
 pub use backend::{has_gpu, init, list_devices, Device, DeviceKind};
@@ -24,4 +26,5 @@ pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAtten
 pub use error::{EngineError, Result};
 pub use memory::{buffer_types, BufferType, MemoryBreakdown};
 pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
+pub use placement::{Offload, OffloadPolicy, OffloadQuery, OpKind, TensorPlacement};
 pub use sampler::{Sampler, SamplingParams};

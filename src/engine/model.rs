@@ -6,6 +6,7 @@ use std::ptr::NonNull;
 
 use super::error::{EngineError, Result};
 use super::ffi;
+use super::placement::{tensor_buft_trampoline, TensorPlacement};
 use super::BufferType;
 
 /// A token id.
@@ -24,6 +25,11 @@ pub struct ModelParams<'a> {
     pub tensor_overrides: Vec<(String, BufferType)>,
     /// Called with the load progress in `[0, 1]`; returning `false` cancels.
     pub progress: Option<Box<dyn FnMut(f32) -> bool + 'a>>,
+    /// Chooses each weight's buffer type by name (patch 0002); asked before
+    /// `tensor_overrides`.
+    pub placement: Option<TensorPlacement>,
+    /// Only load metadata and simulate allocations (to measure memory).
+    pub no_alloc: bool,
 }
 
 impl Default for ModelParams<'_> {
@@ -34,6 +40,8 @@ impl Default for ModelParams<'_> {
             vocab_only: false,
             tensor_overrides: Vec::new(),
             progress: None,
+            placement: None,
+            no_alloc: false,
         }
     }
 }
@@ -94,7 +102,13 @@ impl Model {
         mp.n_gpu_layers = params.n_gpu_layers;
         mp.load_mode = if params.use_mmap { ffi::LLAMA_LOAD_MODE_MMAP } else { ffi::LLAMA_LOAD_MODE_NONE };
         mp.vocab_only = params.vocab_only;
-        if params.tensor_overrides.len() > 0 {
+        mp.no_alloc = params.no_alloc;
+        let placement = params.placement.take();
+        if let Some(pl) = &placement {
+            mp.tensor_buft_cb = Some(tensor_buft_trampoline);
+            mp.tensor_buft_cb_user_data = pl as *const TensorPlacement as *mut c_void;
+        }
+        if !params.tensor_overrides.is_empty() {
             mp.tensor_buft_overrides = overrides.as_ptr();
         }
         let mut cb: Option<Box<dyn FnMut(f32) -> bool + '_>> = params.progress.take();
@@ -113,6 +127,7 @@ impl Model {
         // `wrapped` all outlive this call; llama.cpp does not keep them.
         let raw = unsafe { ffi::llama_model_load_from_file(c_path.as_ptr(), mp) };
         drop(wrapped);
+        drop(placement);
         match NonNull::new(raw) {
             Some(ptr) => Ok(Model { ptr, path: path.to_path_buf() }),
             None if cancelled.get() => Err(EngineError::LoadCancelled),

@@ -1,0 +1,89 @@
+//! Placement hooks (patch 0002): choose each weight's buffer type at load
+//! time, and decide per op whether an op with a host weight runs on the GPU.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::Arc;
+
+use super::ffi;
+use super::memory::BufferType;
+
+/// Picks a buffer type for a weight tensor by name; `None` keeps llama.cpp's choice.
+pub type TensorPlacement = Arc<dyn Fn(&str) -> Option<BufferType> + Send + Sync>;
+
+/// Decides whether an op whose weight is in host memory runs on the GPU.
+pub type OffloadPolicy = Arc<dyn Fn(&OffloadQuery<'_>) -> Offload + Send + Sync>;
+
+/// The kind of op asking to be offloaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    MulMat,
+    /// Mixture-of-experts matmul over the routed experts.
+    MulMatId,
+    GetRows,
+    Other,
+}
+
+/// An op that uses a host-resident weight.
+#[derive(Debug, Clone, Copy)]
+pub struct OffloadQuery<'a> {
+    /// The weight's name, e.g. `blk.3.ffn_up.weight`.
+    pub weight: &'a str,
+    pub op: OpKind,
+    /// Tokens in the ubatch as the op sees them (`ne[1]`, or `ne[2]` for MUL_MAT_ID).
+    pub n_tokens: i64,
+}
+
+/// The answer of an [`OffloadPolicy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offload {
+    /// Copy the weight to the GPU and run the op there.
+    Gpu,
+    /// Run the op on the CPU, next to the weight.
+    Cpu,
+    /// Let the backend decide (upstream's batch-size threshold).
+    Default,
+}
+
+pub(crate) unsafe extern "C" fn tensor_buft_trampoline(
+    name: *const c_char,
+    user: *mut c_void,
+) -> ffi::ggml_backend_buffer_type_t {
+    if name.is_null() || user.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: user points at the TensorPlacement owned by Model::load for the
+    // duration of the load; name is a NUL-terminated tensor name.
+    let f = &*(user as *const TensorPlacement);
+    let name = CStr::from_ptr(name).to_string_lossy();
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&name))) {
+        Ok(Some(b)) => b.0,
+        _ => std::ptr::null_mut(),
+    }
+}
+
+pub(crate) unsafe extern "C" fn offload_trampoline(
+    op: *const ffi::ggml_tensor,
+    weight: *const ffi::ggml_tensor,
+    user: *mut c_void,
+) -> i32 {
+    if op.is_null() || weight.is_null() || user.is_null() {
+        return -1;
+    }
+    // SAFETY: user points at the OffloadPolicy boxed inside the Context that
+    // owns the scheduler; op and weight are live graph tensors.
+    let f = &*(user as *const OffloadPolicy);
+    let (op, weight) = (&*op, &*weight);
+    let name = CStr::from_ptr(weight.name.as_ptr()).to_string_lossy();
+    let (kind, n_tokens) = match op.op {
+        ffi::GGML_OP_MUL_MAT => (OpKind::MulMat, op.ne[1]),
+        ffi::GGML_OP_MUL_MAT_ID => (OpKind::MulMatId, op.ne[2]),
+        ffi::GGML_OP_GET_ROWS => (OpKind::GetRows, op.ne[1]),
+        _ => (OpKind::Other, op.ne[1]),
+    };
+    let q = OffloadQuery { weight: &name, op: kind, n_tokens };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&q))) {
+        Ok(Offload::Gpu) => 1,
+        Ok(Offload::Cpu) => 0,
+        _ => -1,
+    }
+}
