@@ -44,7 +44,12 @@ fn run() -> Result<()> {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=patches");
     println!("cargo:rerun-if-changed=src/engine/wrapper.h");
-    for var in ["PIPESHARD_LLAMA_CRATE", "PIPESHARD_CUDA_ARCHS", "CMAKE", "LIBCLANG_PATH"] {
+    for var in [
+        "PIPESHARD_LLAMA_CRATE",
+        "PIPESHARD_CUDA_ARCHS",
+        "CMAKE",
+        "LIBCLANG_PATH",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
 
@@ -68,7 +73,13 @@ fn run() -> Result<()> {
     }
     // Find the shared libraries next to the binary (a packaged install), in
     // lib/ beside it, or in the build tree (cargo run / cargo test).
-    println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN:$ORIGIN/lib:{}", lib_dir.display());
+    // DT_RPATH rather than DT_RUNPATH: it also applies to the libraries'
+    // own dependencies (libllama -> libggml), which carry no search path.
+    println!("cargo:rustc-link-arg=-Wl,--disable-new-dtags");
+    println!(
+        "cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN:$ORIGIN/lib:{}",
+        lib_dir.display()
+    );
     println!("cargo:rustc-env=PIPESHARD_BUILD_LIB_DIR={}", lib_dir.display());
 
     generate_bindings(&root, &src, &out_dir)?;
@@ -93,7 +104,9 @@ fn sha256_file(path: &Path) -> Result<String> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = f.read(&mut buf).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
         if n == 0 {
             break;
         }
@@ -131,9 +144,7 @@ fn locate_or_fetch_crate(vendor: &Path) -> Result<PathBuf> {
     }
 
     let dest = vendor.join(&file_name);
-    let url = format!(
-        "https://static.crates.io/crates/{LLAMA_CRATE}/{LLAMA_CRATE}-{LLAMA_CRATE_VERSION}.crate"
-    );
+    let url = format!("https://static.crates.io/crates/{LLAMA_CRATE}/{LLAMA_CRATE}-{LLAMA_CRATE_VERSION}.crate");
     println!("cargo:warning=downloading {url} (once; later builds work offline)");
     let resp = ureq::get(&url)
         .call()
@@ -185,7 +196,9 @@ fn prepare_source(crate_file: &Path, src: &Path, patches: &[PathBuf], stamp: &st
     for entry in entries {
         let mut entry = entry.map_err(|e| format!("{}: {e}", crate_file.display()))?;
         let path = entry.path().map_err(|e| e.to_string())?.to_string_lossy().into_owned();
-        let Some(rel) = path.strip_prefix(&prefix) else { continue };
+        let Some(rel) = path.strip_prefix(&prefix) else {
+            continue;
+        };
         if rel.is_empty() {
             continue;
         }
@@ -233,7 +246,11 @@ fn sync_tree(src: &Path, dst: &Path) -> Result<()> {
         let entry = entry.map_err(|e| e.to_string())?;
         if !wanted.contains(&entry.file_name()) && entry.file_name() != ".pipeshard-stamp" {
             let p = entry.path();
-            let r = if p.is_dir() { fs::remove_dir_all(&p) } else { fs::remove_file(&p) };
+            let r = if p.is_dir() {
+                fs::remove_dir_all(&p)
+            } else {
+                fs::remove_file(&p)
+            };
             r.map_err(|e| format!("{}: {e}", p.display()))?;
         }
     }
@@ -285,7 +302,14 @@ fn cmake_defines(cuda: bool) -> Vec<(String, String)> {
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
     if env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
-        for f in ["GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2"] {
+        for f in [
+            "GGML_SSE42",
+            "GGML_AVX",
+            "GGML_AVX2",
+            "GGML_FMA",
+            "GGML_F16C",
+            "GGML_BMI2",
+        ] {
             d.push((f.into(), "ON".into()));
         }
     }
@@ -295,8 +319,7 @@ fn cmake_defines(cuda: bool) -> Vec<(String, String)> {
         d.push(("CMAKE_CUDA_ARCHITECTURES".into(), archs));
     }
     // User overrides last, so they win.
-    let mut user: Vec<(String, String)> =
-        env::vars().filter(|(k, _)| k.starts_with("GGML_")).collect();
+    let mut user: Vec<(String, String)> = env::vars().filter(|(k, _)| k.starts_with("GGML_")).collect();
     user.sort();
     for (k, _) in &user {
         println!("cargo:rerun-if-env-changed={k}");
@@ -333,7 +356,10 @@ fn build_llama(root: &Path, out_dir: &Path, src: &Path, stamp: &str, cuda: bool)
         cfg.define(k, v);
     }
     if env::var_os("NUM_JOBS").is_none() {
-        cfg.build_arg(format!("-j{}", std::thread::available_parallelism().map_or(2, |n| n.get())));
+        cfg.build_arg(format!(
+            "-j{}",
+            std::thread::available_parallelism().map_or(2, |n| n.get())
+        ));
     }
     cfg.build();
     fs::write(&done, stamp).map_err(|e| format!("{}: {e}", done.display()))?;
@@ -354,11 +380,7 @@ fn locate_libclang(root: &Path) {
 
 fn generate_bindings(root: &Path, src: &Path, out_dir: &Path) -> Result<()> {
     locate_libclang(root);
-    let include_dirs = [
-        src.join("include"),
-        src.join("ggml/include"),
-        src.join("tools/mtmd"),
-    ];
+    let include_dirs = [src.join("include"), src.join("ggml/include"), src.join("tools/mtmd")];
     let mut b = bindgen::Builder::default()
         .header(root.join("src/engine/wrapper.h").to_string_lossy())
         .allowlist_function("(llama|ggml|gguf|mtmd|pipeshard)_.*")

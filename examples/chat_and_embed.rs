@@ -13,7 +13,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = Model::load(&path, ModelParams::default())?;
 
     let template = model.chat_template(None).ok_or("the model has no chat template")?;
-    let messages = [ChatMessage { role: "user".into(), content: "Name a primary color.".into() }];
+    let messages = [ChatMessage {
+        role: "user".into(),
+        content: "Name a primary color.".into(),
+    }];
     let prompt = apply_chat_template(&template, &messages, true)?;
     let mut ctx = Context::new(&model, ContextParams::default())?;
     let req = GenerateRequest {
@@ -25,7 +28,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("assistant: {}", generate(&mut ctx, &req, |_| true)?.text);
 
     let embed = |text: &str| -> Result<Vec<f32>, Box<dyn std::error::Error>> {
-        let mut ctx = Context::new(&model, ContextParams { embeddings: true, ..Default::default() })?;
+        let mut ctx = Context::new(
+            &model,
+            ContextParams {
+                embeddings: true,
+                ..Default::default()
+            },
+        )?;
         ctx.decode_tokens(&model.tokenize(text, true, false)?, 0, true)?;
         Ok(ctx.embeddings(0)?)
     };

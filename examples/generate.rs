@@ -31,6 +31,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::io::stdout().flush().is_ok()
     })?;
     println!();
-    eprintln!("TTFT {:.1} ms, decode {:.1} tok/s", out.stats.ttft_ms, out.stats.decode_tokens_per_s);
+    eprintln!(
+        "TTFT {:.1} ms, decode {:.1} tok/s",
+        out.stats.ttft_ms, out.stats.decode_tokens_per_s
+    );
     Ok(())
 }

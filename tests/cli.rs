@@ -6,11 +6,24 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn pipeshard(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipeshard")).args(args).output().expect("spawning pipeshard")
+    Command::new(env!("CARGO_BIN_EXE_pipeshard"))
+        .args(args)
+        .output()
+        .expect("spawning pipeshard")
 }
 
 fn run_model(model: &Path) -> Output {
-    pipeshard(&["run", "-m", model.to_str().unwrap(), "-p", "hello", "-n", "4", "-t", "2"])
+    pipeshard(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        "hello",
+        "-n",
+        "4",
+        "-t",
+        "2",
+    ])
 }
 
 /// Exit code 1 (not a signal, not a panic's 101) with a message naming the problem.
@@ -18,7 +31,10 @@ fn assert_clean_failure(out: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "status {:?}, stderr:\n{stderr}", out.status);
     assert!(stderr.contains("error:"), "no error line:\n{stderr}");
-    assert!(stderr.to_lowercase().contains(&needle.to_lowercase()), "expected {needle:?} in:\n{stderr}");
+    assert!(
+        stderr.to_lowercase().contains(&needle.to_lowercase()),
+        "expected {needle:?} in:\n{stderr}"
+    );
     assert!(!stderr.contains("panicked"), "panicked:\n{stderr}");
 }
 
@@ -26,7 +42,16 @@ fn assert_clean_failure(out: &Output, needle: &str) {
 fn run_streams_text_and_reports_timings() {
     let model = common::default_model_path();
     let out = pipeshard(&[
-        "run", "-m", model.to_str().unwrap(), "-p", "The capital of France is", "-n", "12", "-t", "2", "--json",
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "12",
+        "-t",
+        "2",
+        "--json",
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -40,7 +65,16 @@ fn run_streams_text_and_reports_timings() {
     assert!(v["stats"]["generated_tokens"].as_u64().unwrap() > 0);
     // Greedy by default: the same text twice.
     let again = pipeshard(&[
-        "run", "-m", model.to_str().unwrap(), "-p", "The capital of France is", "-n", "12", "-t", "2", "--quiet",
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "12",
+        "-t",
+        "2",
+        "--quiet",
     ]);
     assert_eq!(String::from_utf8_lossy(&again.stdout), stdout);
 }
@@ -48,7 +82,18 @@ fn run_streams_text_and_reports_timings() {
 #[test]
 fn run_with_chat_template_and_human_readable_timings() {
     let model = common::default_model_path();
-    let out = pipeshard(&["run", "-m", model.to_str().unwrap(), "--chat", "-p", "Say hi.", "-n", "16", "-t", "2"]);
+    let out = pipeshard(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "--chat",
+        "-p",
+        "Say hi.",
+        "-n",
+        "16",
+        "-t",
+        "2",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     for key in ["load:", "TTFT", "tok/s", "decode:"] {
@@ -74,7 +119,10 @@ fn truncated_gguf_fails_cleanly() {
     let dir = common::scratch_dir("truncated");
     let real = std::fs::read(common::default_model_path()).unwrap();
     // Cut inside the metadata, and inside the tensor data.
-    for (i, cut) in [64usize, 200_000, real.len() / 2, real.len() - 1].into_iter().enumerate() {
+    for (i, cut) in [64usize, 200_000, real.len() / 2, real.len() - 1]
+        .into_iter()
+        .enumerate()
+    {
         let f = dir.join(format!("cut{i}.gguf"));
         std::fs::write(&f, &real[..cut]).unwrap();
         assert_clean_failure(&run_model(&f), "not a usable GGUF");

@@ -3,13 +3,19 @@
 mod common;
 
 use pipeshard::engine::{
-    apply_chat_template, buffer_types, ChatMessage, Context, ContextParams, FlashAttention, Model,
-    SamplingParams, Token,
+    apply_chat_template, buffer_types, ChatMessage, Context, ContextParams, FlashAttention, Model, SamplingParams,
+    Token,
 };
 use pipeshard::generate::{generate, GenerateRequest, StopReason};
 
 fn ctx_params() -> ContextParams {
-    ContextParams { n_ctx: 1024, n_batch: 256, n_ubatch: 128, n_threads: Some(2), ..Default::default() }
+    ContextParams {
+        n_ctx: 1024,
+        n_batch: 256,
+        n_ubatch: 128,
+        n_threads: Some(2),
+        ..Default::default()
+    }
 }
 
 fn greedy(model: &Model, prompt: &str, n: usize) -> (Vec<Token>, String) {
@@ -42,7 +48,16 @@ fn argmax_loop(model: &Model, prompt: &str, n: usize) -> Vec<Token> {
         let best = logits
             .iter()
             .enumerate()
-            .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+            .fold(
+                (0usize, f32::NEG_INFINITY),
+                |b, (i, &v)| {
+                    if v > b.1 {
+                        (i, v)
+                    } else {
+                        b
+                    }
+                },
+            )
             .0 as Token;
         if model.is_eog(best) {
             break;
@@ -62,7 +77,11 @@ fn greedy_generation_is_deterministic_and_equals_plain_argmax() {
     let (b, _) = greedy(&model, prompt, 32);
     assert_eq!(a, b, "greedy output differs between runs");
     assert!(a.len() >= 8, "too few tokens: {text:?}");
-    assert_eq!(a, argmax_loop(&model, prompt, a.len()), "sampler chain disagrees with the raw argmax");
+    assert_eq!(
+        a,
+        argmax_loop(&model, prompt, a.len()),
+        "sampler chain disagrees with the raw argmax"
+    );
     assert!(text.chars().any(char::is_alphabetic), "not text: {text:?}");
 }
 
@@ -74,7 +93,11 @@ fn seeded_sampling_is_reproducible() {
         let req = GenerateRequest {
             prompt: model.tokenize("Once upon a time", true, false).unwrap(),
             n_predict: 24,
-            sampling: SamplingParams { temperature: 1.0, seed, ..Default::default() },
+            sampling: SamplingParams {
+                temperature: 1.0,
+                seed,
+                ..Default::default()
+            },
             stop: vec![],
         };
         generate(&mut ctx, &req, |_| true).unwrap().tokens
@@ -86,7 +109,14 @@ fn seeded_sampling_is_reproducible() {
 fn flash_attention_does_not_change_greedy_tokens() {
     let model = common::load_default_model();
     let run = |fa| {
-        let mut ctx = Context::new(&model, ContextParams { flash_attention: fa, ..ctx_params() }).unwrap();
+        let mut ctx = Context::new(
+            &model,
+            ContextParams {
+                flash_attention: fa,
+                ..ctx_params()
+            },
+        )
+        .unwrap();
         let req = GenerateRequest {
             prompt: model.tokenize("List three fruits:", true, false).unwrap(),
             n_predict: 16,
@@ -110,10 +140,16 @@ fn tokenize_detokenize_round_trip() {
         let toks = model.tokenize(text, false, false).unwrap();
         assert!(!toks.is_empty());
         assert_eq!(model.detokenize(&toks, false, false).unwrap(), text);
-        let bytes: Vec<u8> = toks.iter().flat_map(|&t| model.token_to_bytes(t, false).unwrap()).collect();
+        let bytes: Vec<u8> = toks
+            .iter()
+            .flat_map(|&t| model.token_to_bytes(t, false).unwrap())
+            .collect();
         assert_eq!(String::from_utf8(bytes).unwrap(), text);
     }
-    assert!(model.token_to_bytes(model.n_vocab(), false).is_err(), "out-of-range token accepted");
+    assert!(
+        model.token_to_bytes(model.n_vocab(), false).is_err(),
+        "out-of-range token accepted"
+    );
     assert!(model.detokenize(&[-1], false, false).is_err());
 }
 
@@ -133,8 +169,14 @@ fn chat_template_renders_like_upstream() {
     let model = common::load_default_model();
     let tmpl = model.chat_template(None).expect("SmolLM2 ships a chat template");
     let msgs = vec![
-        ChatMessage { role: "system".into(), content: "Be brief.".into() },
-        ChatMessage { role: "user".into(), content: "Hi!".into() },
+        ChatMessage {
+            role: "system".into(),
+            content: "Be brief.".into(),
+        },
+        ChatMessage {
+            role: "user".into(),
+            content: "Hi!".into(),
+        },
     ];
     let text = apply_chat_template(&tmpl, &msgs, true).unwrap();
     assert_eq!(
@@ -149,7 +191,10 @@ fn chat_template_renders_like_upstream() {
 fn chat_generation_stops_at_end_of_turn() {
     let model = common::load_default_model();
     let tmpl = model.chat_template(None).unwrap();
-    let msgs = vec![ChatMessage { role: "user".into(), content: "What is the capital of France?".into() }];
+    let msgs = vec![ChatMessage {
+        role: "user".into(),
+        content: "What is the capital of France?".into(),
+    }];
     let prompt = apply_chat_template(&tmpl, &msgs, true).unwrap();
     let mut ctx = Context::new(&model, ctx_params()).unwrap();
     let req = GenerateRequest {
@@ -170,14 +215,26 @@ fn memory_breakdown_and_tensor_sizes_from_patch_0001() {
     let mb = ctx.memory_breakdown();
     assert!(!mb.is_empty());
     let model_bytes: u64 = mb.iter().map(|m| m.model).sum();
-    assert!(model_bytes >= model.size_bytes(), "{model_bytes} < {}", model.size_bytes());
+    assert!(
+        model_bytes >= model.size_bytes(),
+        "{model_bytes} < {}",
+        model.size_bytes()
+    );
     assert!(mb.iter().map(|m| m.context).sum::<u64>() > 0, "KV cache not counted");
-    assert!(mb.iter().map(|m| m.compute).sum::<u64>() > 0, "compute buffers not counted");
+    assert!(
+        mb.iter().map(|m| m.compute).sum::<u64>() > 0,
+        "compute buffers not counted"
+    );
 
-    let cpu = buffer_types().into_iter().find(|b| b.name() == "CPU").expect("a CPU buffer type");
+    let cpu = buffer_types()
+        .into_iter()
+        .find(|b| b.name() == "CPU")
+        .expect("a CPU buffer type");
     let gguf = pipeshard::gguf::GgufFile::open(model.path()).unwrap();
     for t in gguf.tensors() {
-        let got = model.tensor_alloc_size(&t.name, cpu).expect("every GGUF tensor is in the model");
+        let got = model
+            .tensor_alloc_size(&t.name, cpu)
+            .expect("every GGUF tensor is in the model");
         assert_eq!(got, t.nbytes, "{}", t.name);
     }
     assert_eq!(model.tensor_alloc_size("no.such.tensor", cpu), None);
@@ -187,7 +244,14 @@ fn memory_breakdown_and_tensor_sizes_from_patch_0001() {
 fn embeddings_are_finite_and_deterministic() {
     let model = common::load_default_model();
     let embed = |text: &str| {
-        let mut ctx = Context::new(&model, ContextParams { embeddings: true, ..ctx_params() }).unwrap();
+        let mut ctx = Context::new(
+            &model,
+            ContextParams {
+                embeddings: true,
+                ..ctx_params()
+            },
+        )
+        .unwrap();
         let toks = model.tokenize(text, true, false).unwrap();
         ctx.decode_tokens(&toks, 0, true).unwrap();
         ctx.embeddings(0).unwrap()
@@ -202,8 +266,16 @@ fn embeddings_are_finite_and_deterministic() {
 #[test]
 fn context_overflow_is_an_error_not_a_crash() {
     let model = common::load_default_model();
-    let mut ctx = Context::new(&model, ContextParams { n_ctx: 256, n_batch: 256, n_ubatch: 128, ..ctx_params() })
-        .unwrap();
+    let mut ctx = Context::new(
+        &model,
+        ContextParams {
+            n_ctx: 256,
+            n_batch: 256,
+            n_ubatch: 128,
+            ..ctx_params()
+        },
+    )
+    .unwrap();
     let long: Vec<Token> = vec![model.tokenize("a", false, false).unwrap()[0]; 300];
     assert!(ctx.decode_tokens(&long, 0, false).is_err());
     assert!(ctx.decode_tokens(&[model.n_vocab() + 5], 0, true).is_err());

@@ -21,7 +21,7 @@ for b in pipeshard pipeshard-server; do
     cp "target/release/$b" "$DIST/$b"
     strip "$DIST/$b" 2>/dev/null || true
 done
-cp -L "$LIBDIR"/*.so "$DIST/lib/"
+cp -a "$LIBDIR"/*.so* "$DIST/lib/"
 for f in "$DIST"/lib/*.so; do strip --strip-unneeded "$f" 2>/dev/null || true; done
 tar -C "$SRC" -czf "$DIST/llama.cpp-src.tar.gz" \
     --exclude=./models --exclude=./docs --exclude=./examples --exclude=./tests \

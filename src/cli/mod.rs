@@ -1,6 +1,10 @@
 //! Subcommands of the `pipeshard` binary.
 
+mod bench;
+mod plan;
 mod run;
+mod serve;
+mod synth;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -32,6 +36,16 @@ pub struct GlobalArgs {
 enum Command {
     /// Generate text from a prompt and report load time, TTFT and tokens/s.
     Run(run::RunArgs),
+    /// Show where each weight goes per token tier under a VRAM budget, and the predicted speed.
+    Plan(plan::PlanArgs),
+    /// Measure this machine (CPU, GPU, link) for the planner.
+    Profile(plan::ProfileArgs),
+    /// Write a random-weight GGUF with a real model's shapes.
+    Synth(synth::SynthArgs),
+    /// Benchmark pipeshard's plan against upstream placement policies.
+    Bench(bench::BenchArgs),
+    /// Serve the llama-server HTTP and OpenAI APIs (takes llama-server's flags).
+    Serve(serve::ServeArgs),
 }
 
 fn init_tracing(verbose: u8) {
@@ -55,6 +69,11 @@ pub fn main() -> ExitCode {
     init_tracing(cli.global.verbose);
     let result = match cli.command {
         Command::Run(args) => run::run(&cli.global, args),
+        Command::Plan(args) => plan::plan_cmd(&cli.global, args),
+        Command::Profile(args) => plan::profile_cmd(&cli.global, args),
+        Command::Synth(args) => synth::synth_cmd(args),
+        Command::Bench(args) => bench::bench_cmd(&cli.global, args),
+        Command::Serve(args) => serve::run(&cli.global, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

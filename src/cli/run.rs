@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 
-use pipeshard::engine::{self, ChatMessage, Context, ContextParams, FlashAttention, Model, ModelParams, SamplingParams};
+use pipeshard::engine::{
+    self, ChatMessage, Context, ContextParams, FlashAttention, Model, ModelParams, SamplingParams,
+};
 use pipeshard::generate::{generate, GenerateRequest};
 use pipeshard::{default_model, progress};
 
@@ -120,9 +122,15 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
         let tmpl = model.chat_template(None).ok_or(engine::EngineError::NoChatTemplate)?;
         let mut msgs = Vec::new();
         if let Some(sys) = &args.system {
-            msgs.push(ChatMessage { role: "system".into(), content: sys.clone() });
+            msgs.push(ChatMessage {
+                role: "system".into(),
+                content: sys.clone(),
+            });
         }
-        msgs.push(ChatMessage { role: "user".into(), content: args.prompt.clone() });
+        msgs.push(ChatMessage {
+            role: "user".into(),
+            content: args.prompt.clone(),
+        });
         engine::apply_chat_template(&tmpl, &msgs, true)?
     } else {
         args.prompt.clone()
@@ -163,8 +171,14 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
         eprintln!();
         eprintln!("model:    {} ({})", model.description(), model_path.display());
         eprintln!("load:     {load_ms:.1} ms");
-        eprintln!("prompt:   {} tokens, TTFT {:.1} ms, {:.1} tok/s", s.prompt_tokens, s.ttft_ms, s.prompt_tokens_per_s);
-        eprintln!("decode:   {} tokens, {:.1} tok/s ({:?})", s.generated_tokens, s.decode_tokens_per_s, s.stop);
+        eprintln!(
+            "prompt:   {} tokens, TTFT {:.1} ms, {:.1} tok/s",
+            s.prompt_tokens, s.ttft_ms, s.prompt_tokens_per_s
+        );
+        eprintln!(
+            "decode:   {} tokens, {:.1} tok/s ({:?})",
+            s.generated_tokens, s.decode_tokens_per_s, s.stop
+        );
         for m in ctx.memory_breakdown() {
             eprintln!(
                 "memory:   {:<12} model {:>8.1} MiB  context {:>8.1} MiB  compute {:>8.1} MiB",

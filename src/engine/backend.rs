@@ -60,7 +60,10 @@ fn candidate_dirs(explicit: Option<&Path>) -> Vec<PathBuf> {
     if let Some(d) = std::env::var_os("PIPESHARD_BACKEND_DIR") {
         dirs.push(PathBuf::from(d));
     }
-    if let Some(exe_dir) = std::env::current_exe().ok().and_then(|p| p.parent().map(Path::to_path_buf)) {
+    if let Some(exe_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+    {
         dirs.push(exe_dir.join("lib"));
         dirs.push(exe_dir);
     }
@@ -158,4 +161,17 @@ pub fn list_devices() -> Vec<Device> {
 /// Whether any GPU device was loaded.
 pub fn has_gpu() -> bool {
     list_devices().iter().any(|d| d.kind == DeviceKind::Gpu)
+}
+
+/// Free memory of one device right now, bytes.
+pub fn device_free_bytes(index: usize) -> Option<u64> {
+    // SAFETY: the index is checked against the device count.
+    unsafe {
+        if index >= ffi::ggml_backend_dev_count() {
+            return None;
+        }
+        let (mut free, mut total) = (0usize, 0usize);
+        ffi::ggml_backend_dev_memory(ffi::ggml_backend_dev_get(index), &mut free, &mut total);
+        Some(free as u64)
+    }
 }

@@ -87,7 +87,9 @@ impl std::fmt::Debug for ContextParams {
 
 /// Physical cores, as a sensible default thread count.
 pub fn default_threads() -> i32 {
-    std::thread::available_parallelism().map_or(4, |n| n.get() as i32).clamp(1, 64)
+    std::thread::available_parallelism()
+        .map_or(4, |n| n.get() as i32)
+        .clamp(1, 64)
 }
 
 /// A llama.cpp context bound to a model.
@@ -118,7 +120,9 @@ impl<'m> Context<'m> {
     /// Create a context. This allocates the KV cache and reserves compute buffers.
     pub fn new(model: &'m Model, params: ContextParams) -> Result<Context<'m>> {
         if params.n_ubatch == 0 || params.n_batch == 0 || params.n_seq_max == 0 {
-            return Err(EngineError::InvalidArgument("batch sizes and n_seq_max must be positive".into()));
+            return Err(EngineError::InvalidArgument(
+                "batch sizes and n_seq_max must be positive".into(),
+            ));
         }
         // SAFETY: default params are plain data.
         let mut cp = unsafe { ffi::llama_context_default_params() };
@@ -162,7 +166,14 @@ impl<'m> Context<'m> {
         // SAFETY: allocates a token batch of batch_cap entries, one seq id each
         // (we allocate n_seq_max ids so multi-sequence tokens fit).
         let batch = unsafe { ffi::llama_batch_init(batch_cap as i32, 0, params.n_seq_max as i32) };
-        Ok(Context { ptr, model, batch, batch_cap, embeddings: params.embeddings, _offload: offload })
+        Ok(Context {
+            ptr,
+            model,
+            batch,
+            batch_cap,
+            embeddings: params.embeddings,
+            _offload: offload,
+        })
     }
 
     /// The model this context runs.
@@ -193,7 +204,10 @@ impl<'m> Context<'m> {
     pub fn decode_tokens(&mut self, tokens: &[Token], pos: i32, logits_last: bool) -> Result<()> {
         let n_ctx = self.n_ctx();
         if pos as usize + tokens.len() > n_ctx as usize {
-            return Err(EngineError::ContextOverflow { n_tokens: pos as usize + tokens.len(), n_ctx });
+            return Err(EngineError::ContextOverflow {
+                n_tokens: pos as usize + tokens.len(),
+                n_ctx,
+            });
         }
         let n_vocab = self.model.n_vocab();
         if let Some(&bad) = tokens.iter().find(|&&t| t < 0 || t >= n_vocab) {
@@ -237,7 +251,10 @@ impl<'m> Context<'m> {
         unsafe {
             for (i, it) in items.iter().enumerate() {
                 if it.token < 0 || it.token >= n_vocab {
-                    return Err(EngineError::TokenOutOfRange { token: it.token, n_vocab });
+                    return Err(EngineError::TokenOutOfRange {
+                        token: it.token,
+                        n_vocab,
+                    });
                 }
                 *self.batch.token.add(i) = it.token;
                 *self.batch.pos.add(i) = it.pos;

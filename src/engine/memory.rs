@@ -34,19 +34,20 @@ impl BufferType {
     /// Bytes a tensor of this type and shape takes on this buffer type,
     /// including backend padding.
     pub fn alloc_size(&self, ty: ffi::ggml_type, ne: [i64; 4]) -> u64 {
-        let mut t = ffi::ggml_tensor::default();
-        t.type_ = ty;
-        t.ne = ne;
-        // SAFETY: a stack tensor with type and shape filled in is what the
-        // size query reads; nb is derived as ggml_new_tensor would.
+        // SAFETY: a stack tensor with type, shape and strides filled in (as
+        // ggml_new_tensor would) is all the size query reads.
         unsafe {
             let ts = ffi::ggml_type_size(ty);
-            let bs = ffi::ggml_blck_size(ty) as usize;
-            t.nb[0] = ts;
-            t.nb[1] = ts * (ne[0] as usize / bs);
-            t.nb[2] = t.nb[1] * ne[1] as usize;
-            t.nb[3] = t.nb[2] * ne[2] as usize;
-            ffi::ggml_backend_buft_get_alloc_size(self.0, &mut t) as u64
+            let bs = ffi::ggml_blck_size(ty).max(1) as usize;
+            let nb1 = ts * (ne[0] as usize / bs);
+            let nb2 = nb1 * ne[1] as usize;
+            let t = ffi::ggml_tensor {
+                type_: ty,
+                ne,
+                nb: [ts, nb1, nb2, nb2 * ne[2] as usize],
+                ..Default::default()
+            };
+            ffi::ggml_backend_buft_get_alloc_size(self.0, &t) as u64
         }
     }
 }
@@ -76,6 +77,23 @@ pub fn buffer_types() -> Vec<BufferType> {
         }
     }
     v
+}
+
+/// A device's default buffer type and its pinned host buffer type, if any.
+pub fn device_buffer_types(device_index: usize) -> Option<(BufferType, Option<BufferType>)> {
+    // SAFETY: the index is checked against the device count.
+    unsafe {
+        if device_index >= ffi::ggml_backend_dev_count() {
+            return None;
+        }
+        let dev = ffi::ggml_backend_dev_get(device_index);
+        let b = ffi::ggml_backend_dev_buffer_type(dev);
+        if b.is_null() {
+            return None;
+        }
+        let h = ffi::ggml_backend_dev_host_buffer_type(dev);
+        Some((BufferType(b), (!h.is_null()).then_some(BufferType(h))))
+    }
 }
 
 /// Memory held by a context and its model in one buffer type.

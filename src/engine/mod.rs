@@ -17,14 +17,15 @@ mod error;
 pub mod ffi;
 mod memory;
 mod model;
+pub mod opbench;
 mod output_embeddings;
 mod placement;
 mod sampler;
 
-pub use backend::{has_gpu, init, list_devices, Device, DeviceKind};
+pub use backend::{device_free_bytes, has_gpu, init, list_devices, Device, DeviceKind};
 pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAttention};
 pub use error::{EngineError, Result};
-pub use memory::{buffer_types, BufferType, MemoryBreakdown};
+pub use memory::{buffer_types, device_buffer_types, BufferType, MemoryBreakdown};
 pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
 pub use placement::{Offload, OffloadPolicy, OffloadQuery, OpKind, TensorPlacement};
 pub use sampler::{Sampler, SamplingParams};

@@ -76,7 +76,9 @@ impl Model {
     /// truncated files fail with a clear error instead of reaching llama.cpp.
     pub fn load(path: &Path, mut params: ModelParams<'_>) -> Result<Model> {
         if !path.exists() {
-            return Err(EngineError::ModelMissing { path: path.to_path_buf() });
+            return Err(EngineError::ModelMissing {
+                path: path.to_path_buf(),
+            });
         }
         crate::gguf::GgufFile::open(path).map_err(|e| EngineError::InvalidModel {
             path: path.to_path_buf(),
@@ -93,14 +95,24 @@ impl Model {
         let mut overrides: Vec<ffi::llama_model_tensor_buft_override> = patterns
             .iter()
             .zip(&params.tensor_overrides)
-            .map(|(p, (_, buft))| ffi::llama_model_tensor_buft_override { pattern: p.as_ptr(), buft: buft.0 })
+            .map(|(p, (_, buft))| ffi::llama_model_tensor_buft_override {
+                pattern: p.as_ptr(),
+                buft: buft.0,
+            })
             .collect();
-        overrides.push(ffi::llama_model_tensor_buft_override { pattern: std::ptr::null(), buft: std::ptr::null_mut() });
+        overrides.push(ffi::llama_model_tensor_buft_override {
+            pattern: std::ptr::null(),
+            buft: std::ptr::null_mut(),
+        });
 
         // SAFETY: default params are plain data.
         let mut mp = unsafe { ffi::llama_model_default_params() };
         mp.n_gpu_layers = params.n_gpu_layers;
-        mp.load_mode = if params.use_mmap { ffi::LLAMA_LOAD_MODE_MMAP } else { ffi::LLAMA_LOAD_MODE_NONE };
+        mp.load_mode = if params.use_mmap && !params.no_alloc {
+            ffi::LLAMA_LOAD_MODE_MMAP
+        } else {
+            ffi::LLAMA_LOAD_MODE_NONE
+        };
         mp.vocab_only = params.vocab_only;
         mp.no_alloc = params.no_alloc;
         let placement = params.placement.take();
@@ -129,9 +141,14 @@ impl Model {
         drop(wrapped);
         drop(placement);
         match NonNull::new(raw) {
-            Some(ptr) => Ok(Model { ptr, path: path.to_path_buf() }),
+            Some(ptr) => Ok(Model {
+                ptr,
+                path: path.to_path_buf(),
+            }),
             None if cancelled.get() => Err(EngineError::LoadCancelled),
-            None => Err(EngineError::ModelLoad { path: path.to_path_buf() }),
+            None => Err(EngineError::ModelLoad {
+                path: path.to_path_buf(),
+            }),
         }
     }
 
@@ -201,7 +218,12 @@ impl Model {
         loop {
             // SAFETY: buf is writable for its length; key is NUL-terminated.
             let n = unsafe {
-                ffi::llama_model_meta_val_str(self.ptr.as_ptr(), key.as_ptr(), buf.as_mut_ptr() as *mut c_char, buf.len())
+                ffi::llama_model_meta_val_str(
+                    self.ptr.as_ptr(),
+                    key.as_ptr(),
+                    buf.as_mut_ptr() as *mut c_char,
+                    buf.len(),
+                )
             };
             if n < 0 {
                 return None;
@@ -251,7 +273,10 @@ impl Model {
     /// Tokenize text. `add_special` adds BOS/EOS as the model wants;
     /// `parse_special` turns special-token text (e.g. `<|im_start|>`) into tokens.
     pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<Token>> {
-        let len: i32 = text.len().try_into().map_err(|_| EngineError::Tokenize { len: text.len() })?;
+        let len: i32 = text
+            .len()
+            .try_into()
+            .map_err(|_| EngineError::Tokenize { len: text.len() })?;
         let mut toks: Vec<Token> = vec![0; text.len() + 2];
         for _ in 0..2 {
             // SAFETY: text is valid for len bytes; toks is writable for its length.
@@ -293,7 +318,14 @@ impl Model {
         loop {
             // SAFETY: buf is writable for its length; token is in range.
             let n = unsafe {
-                ffi::llama_token_to_piece(self.vocab(), token, buf.as_mut_ptr() as *mut c_char, buf.len() as i32, 0, special)
+                ffi::llama_token_to_piece(
+                    self.vocab(),
+                    token,
+                    buf.as_mut_ptr() as *mut c_char,
+                    buf.len() as i32,
+                    0,
+                    special,
+                )
             };
             if n >= 0 {
                 buf.truncate(n as usize);
@@ -334,7 +366,12 @@ impl Model {
     pub fn chat_template(&self, name: Option<&str>) -> Option<String> {
         let name = name.and_then(|n| CString::new(n).ok());
         // SAFETY: name is NULL or NUL-terminated; the returned string lives as long as the model.
-        let p = unsafe { ffi::llama_model_chat_template(self.ptr.as_ptr(), name.as_ref().map_or(std::ptr::null(), |n| n.as_ptr())) };
+        let p = unsafe {
+            ffi::llama_model_chat_template(
+                self.ptr.as_ptr(),
+                name.as_ref().map_or(std::ptr::null(), |n| n.as_ptr()),
+            )
+        };
         if p.is_null() {
             None
         } else {
@@ -368,8 +405,13 @@ pub fn apply_chat_template(template: &str, messages: &[ChatMessage], add_assista
         .map(|m| Ok((CString::new(m.role.as_str())?, CString::new(m.content.as_str())?)))
         .collect::<std::result::Result<_, std::ffi::NulError>>()
         .map_err(|_| EngineError::NulInText)?;
-    let msgs: Vec<ffi::llama_chat_message> =
-        owned.iter().map(|(r, c)| ffi::llama_chat_message { role: r.as_ptr(), content: c.as_ptr() }).collect();
+    let msgs: Vec<ffi::llama_chat_message> = owned
+        .iter()
+        .map(|(r, c)| ffi::llama_chat_message {
+            role: r.as_ptr(),
+            content: c.as_ptr(),
+        })
+        .collect();
     let mut cap: usize = messages.iter().map(|m| m.content.len() + m.role.len()).sum::<usize>() * 2 + 256;
     loop {
         let mut buf = vec![0u8; cap];

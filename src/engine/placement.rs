@@ -80,7 +80,11 @@ pub(crate) unsafe extern "C" fn offload_trampoline(
         ffi::GGML_OP_GET_ROWS => (OpKind::GetRows, op.ne[1]),
         _ => (OpKind::Other, op.ne[1]),
     };
-    let q = OffloadQuery { weight: &name, op: kind, n_tokens };
+    let q = OffloadQuery {
+        weight: &name,
+        op: kind,
+        n_tokens,
+    };
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&q))) {
         Ok(Offload::Gpu) => 1,
         Ok(Offload::Cpu) => 0,

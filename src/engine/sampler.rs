@@ -52,7 +52,10 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Always pick the most likely token.
     pub fn greedy() -> Self {
-        SamplingParams { temperature: 0.0, ..Default::default() }
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
 }
 
@@ -77,11 +80,15 @@ impl Sampler {
     pub fn new(model: &Model, p: &SamplingParams) -> Result<Sampler> {
         for (name, v) in [("top_p", p.top_p), ("min_p", p.min_p)] {
             if !(0.0..=1.0).contains(&v) {
-                return Err(EngineError::InvalidArgument(format!("{name} must be within [0, 1], got {v}")));
+                return Err(EngineError::InvalidArgument(format!(
+                    "{name} must be within [0, 1], got {v}"
+                )));
             }
         }
-        if !(p.repeat_penalty > 0.0) || !p.temperature.is_finite() {
-            return Err(EngineError::InvalidArgument("repeat_penalty must be > 0 and temperature finite".into()));
+        if p.repeat_penalty.is_nan() || p.repeat_penalty <= 0.0 || !p.temperature.is_finite() {
+            return Err(EngineError::InvalidArgument(
+                "repeat_penalty must be > 0 and temperature finite".into(),
+            ));
         }
         // SAFETY: chain creation and adding freshly created samplers, which
         // the chain takes ownership of.

@@ -194,6 +194,13 @@ impl ModelTensor {
         self.dims.iter().product()
     }
 
+    /// Bytes ggml-cuda allocates for this tensor (see
+    /// [`cuda_alloc_size`](crate::gguf::types::cuda_alloc_size)).
+    pub fn cuda_alloc_size(&self) -> u64 {
+        // the shape was validated when the file was read
+        super::types::cuda_alloc_size(self.ty, &self.dims).unwrap_or(self.nbytes)
+    }
+
     /// Whether this is a bias (name ends in `.bias`).
     pub fn is_bias(&self) -> bool {
         self.name.ends_with(".bias")
@@ -244,12 +251,7 @@ pub struct ModelInfo {
 }
 
 /// Reads a key that may be a scalar or a per-layer array of integers.
-fn per_layer(
-    f: &GgufFile,
-    key: &str,
-    n_layer: u32,
-    path: &str,
-) -> Result<Option<Vec<u64>>, ModelInfoError> {
+fn per_layer(f: &GgufFile, key: &str, n_layer: u32, path: &str) -> Result<Option<Vec<u64>>, ModelInfoError> {
     let bad = |problem: String| ModelInfoError::BadValue {
         path: path.to_owned(),
         key: key.to_owned(),
@@ -349,18 +351,13 @@ impl ModelInfo {
         let n_ff = per_layer(f, &key("feed_forward_length"), n_layer, &path)?.unwrap_or_default();
 
         let n_head0 = u64::from(n_head.iter().copied().max().unwrap_or(0));
-        let default_head_dim = if n_head0 > 0 { n_embd / n_head0 } else { 0 };
+        let default_head_dim = n_embd.checked_div(n_head0).unwrap_or(0);
         let head_dim_k = f.get_u64(&key("attention.key_length")).unwrap_or(default_head_dim);
-        let head_dim_v = f
-            .get_u64(&key("attention.value_length"))
-            .unwrap_or(default_head_dim);
+        let head_dim_v = f.get_u64(&key("attention.value_length")).unwrap_or(default_head_dim);
 
-        let n_expert = to_u32(f.get_u64(&key("expert_count")).unwrap_or(0), "expert_count", &path)?;
-        let n_expert_used = to_u32(
-            f.get_u64(&key("expert_used_count")).unwrap_or(0),
-            "expert_used_count",
-            &path,
-        )?;
+        let opt_u32 = |k: String| -> Result<u32, ModelInfoError> { to_u32(f.get_u64(&k).unwrap_or(0), &k, &path) };
+        let n_expert = opt_u32(key("expert_count"))?;
+        let n_expert_used = opt_u32(key("expert_used_count"))?;
 
         let tensors: Vec<ModelTensor> = f
             .tensors()
@@ -376,8 +373,8 @@ impl ModelInfo {
             .collect();
 
         let has_shexp = tensors.iter().any(|t| t.role.is_shared_expert());
-        let n_expert_shared = match f.get_u64(&key("expert_shared_count")) {
-            Some(n) => to_u32(n, "expert_shared_count", &path)?,
+        let n_expert_shared = match f.get(&key("expert_shared_count")) {
+            Some(_) => opt_u32(key("expert_shared_count"))?,
             None => u32::from(has_shexp),
         };
 
@@ -475,12 +472,7 @@ impl ModelInfo {
 
     /// KV-cache bytes one token takes in `layer` with the given cache types:
     /// `row_size(type_k, n_embd_k_gqa) + row_size(type_v, n_embd_v_gqa)`.
-    pub fn kv_bytes_per_token(
-        &self,
-        layer: u32,
-        type_k: GgmlType,
-        type_v: GgmlType,
-    ) -> Result<u64, ModelInfoError> {
+    pub fn kv_bytes_per_token(&self, layer: u32, type_k: GgmlType, type_v: GgmlType) -> Result<u64, ModelInfoError> {
         let kv_err = |source| ModelInfoError::KvRow { layer, source };
         let k = row_size(type_k, self.n_embd_k_gqa(layer)?).map_err(kv_err)?;
         let v = row_size(type_v, self.n_embd_v_gqa(layer)?).map_err(kv_err)?;
@@ -525,9 +517,7 @@ impl ModelInfo {
 /// does: with `n == 0` every layer is SWA; otherwise every `n`-th layer
 /// (the last of each group) is dense.
 fn swa_pattern(n: u64, n_layer: u32) -> Vec<bool> {
-    (0..u64::from(n_layer))
-        .map(|il| n == 0 || il % n < n - 1)
-        .collect()
+    (0..u64::from(n_layer)).map(|il| n == 0 || il % n < n - 1).collect()
 }
 
 #[cfg(test)]
@@ -620,6 +610,10 @@ mod tests {
         assert_eq!(m.swa_layers, vec![false, false]);
         assert_eq!(m.layer_bytes(0), 64 * 64 / 32 * 18);
         assert_eq!(m.layer_bytes(1), 256);
+        // 64-wide Q4_0 rows are padded by 448 elements on CUDA
+        let q = &m.tensors[1];
+        assert_eq!(q.cuda_alloc_size(), q.nbytes + 448 / 32 * 18);
+        assert_eq!(m.tensors[2].cuda_alloc_size(), 256);
         assert_eq!(m.total_bytes(), 10 * 2 * 34 + 64 * 64 / 32 * 18 + 256);
         // 16 * 4 = 64 wide K and V rows
         assert_eq!(m.kv_bytes_per_token(0, GgmlType::F16, GgmlType::F16), Ok(256));
@@ -637,13 +631,15 @@ mod tests {
     fn per_layer_kv_heads_head_dims_and_moe() {
         let f = file(|w| {
             base(w);
-            w.add_kv("llama.attention.head_count_kv", GgufArray::I32(vec![2, 1])).unwrap();
+            w.add_kv("llama.attention.head_count_kv", GgufArray::I32(vec![2, 1]))
+                .unwrap();
             w.add_kv("llama.attention.key_length", 32u32).unwrap();
             w.add_kv("llama.attention.value_length", 24u32).unwrap();
             w.add_kv("llama.expert_count", 8u32).unwrap();
             w.add_kv("llama.expert_used_count", 2u32).unwrap();
             w.add_kv("llama.expert_feed_forward_length", 32u32).unwrap();
-            w.add_tensor("blk.0.ffn_up_shexp.weight", GgmlType::F16, &[64, 32]).unwrap();
+            w.add_tensor("blk.0.ffn_up_shexp.weight", GgmlType::F16, &[64, 32])
+                .unwrap();
         });
         let m = ModelInfo::from_gguf(&f).unwrap();
         assert_eq!(m.n_head_kv, vec![2, 1]);
@@ -710,10 +706,14 @@ mod tests {
         ));
         let f = file(|w| {
             base(w);
-            w.add_kv("llama.attention.head_count_kv", GgufArray::I32(vec![2, 1, 1])).unwrap();
+            w.add_kv("llama.attention.head_count_kv", GgufArray::I32(vec![2, 1, 1]))
+                .unwrap();
         });
         let e = ModelInfo::from_gguf(&f).unwrap_err();
-        assert!(e.to_string().contains("has 3 entries but the model has 2 layers"), "{e}");
+        assert!(
+            e.to_string().contains("has 3 entries but the model has 2 layers"),
+            "{e}"
+        );
         let f = file(|w| {
             w.add_kv("general.architecture", "llama").unwrap();
             w.add_kv("llama.block_count", "two").unwrap();

@@ -91,11 +91,7 @@ impl GgufFile {
     /// Parses GGUF front matter from any reader positioned at the start of
     /// the file. `file_size` is the total size of the file, used to bound
     /// counts and to check tensor extents; `path` is only used in errors.
-    pub fn from_reader<R: Read>(
-        reader: R,
-        file_size: u64,
-        path: impl AsRef<Path>,
-    ) -> Result<GgufFile, GgufError> {
+    pub fn from_reader<R: Read>(reader: R, file_size: u64, path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
         parse(reader, file_size, path).map_err(|kind| GgufError::new(path, kind))
     }
@@ -250,16 +246,9 @@ impl<R: Read> Source<R> {
 
     /// Checks that `count` items of at least `min_size` bytes each can fit in
     /// the rest of the file.
-    fn check_count(
-        &self,
-        count: u64,
-        min_size: u64,
-        what: &dyn Fn() -> String,
-    ) -> Result<usize, GgufErrorKind> {
+    fn check_count(&self, count: u64, min_size: u64, what: &dyn Fn() -> String) -> Result<usize, GgufErrorKind> {
         let remaining = self.remaining();
-        let fits = count
-            .checked_mul(min_size)
-            .is_some_and(|need| need <= remaining);
+        let fits = count.checked_mul(min_size).is_some_and(|need| need <= remaining);
         match (fits, usize::try_from(count)) {
             (true, Ok(n)) => Ok(n),
             _ => Err(GgufErrorKind::ImplausibleCount {
@@ -314,8 +303,7 @@ fn parse<R: Read>(reader: R, file_size: u64, path: &Path) -> Result<GgufFile, Gg
     const MIN_KV: u64 = 8 + 1 + 4 + 1;
     const MIN_TENSOR_INFO: u64 = 8 + 1 + 4 + 8 + 4 + 8;
     let n_kv = src.check_count(n_kv, MIN_KV, &|| "the metadata count".into())?;
-    let n_tensors =
-        src.check_count(n_tensors, MIN_TENSOR_INFO, &|| "the tensor count".into())?;
+    let n_tensors = src.check_count(n_tensors, MIN_TENSOR_INFO, &|| "the tensor count".into())?;
     let min_total = (n_kv as u64) * MIN_KV + (n_tensors as u64) * MIN_TENSOR_INFO;
     if min_total > src.remaining() {
         return Err(GgufErrorKind::ImplausibleCount {
@@ -373,10 +361,7 @@ fn parse<R: Read>(reader: R, file_size: u64, path: &Path) -> Result<GgufFile, Gg
         })?;
         let n_dims = src.u32(&|| format!("the rank of tensor '{name}'"))?;
         if n_dims == 0 || n_dims > 4 {
-            return Err(GgufErrorKind::BadRank {
-                tensor: name,
-                n_dims,
-            });
+            return Err(GgufErrorKind::BadRank { tensor: name, n_dims });
         }
         let mut dims = Vec::with_capacity(n_dims as usize);
         for d in 0..n_dims as usize {
@@ -392,10 +377,7 @@ fn parse<R: Read>(reader: R, file_size: u64, path: &Path) -> Result<GgufFile, Gg
         }
         let type_id = src.u32(&|| format!("the type of tensor '{name}'"))?;
         let Some(ty) = GgmlType::from_id(type_id) else {
-            return Err(GgufErrorKind::UnknownGgmlType {
-                tensor: name,
-                type_id,
-            });
+            return Err(GgufErrorKind::UnknownGgmlType { tensor: name, type_id });
         };
         let offset = src.u64(&|| format!("the data offset of tensor '{name}'"))?;
         let size = match nbytes(ty, &dims) {
@@ -430,10 +412,7 @@ fn parse<R: Read>(reader: R, file_size: u64, path: &Path) -> Result<GgufFile, Gg
     }
 
     // The data section starts at the end of the directory, aligned up.
-    let data_offset = src
-        .pos
-        .checked_next_multiple_of(alignment)
-        .unwrap_or(u64::MAX);
+    let data_offset = src.pos.checked_next_multiple_of(alignment).unwrap_or(u64::MAX);
 
     let mut tensors = Vec::with_capacity(raw.len());
     for r in raw {
@@ -526,16 +505,12 @@ fn read_array<R: Read>(src: &mut Source<R>, key: &str) -> Result<GgufArray, Gguf
         type_id: elem_id,
     })?;
     let count = src.u64(&|| format!("the array length of '{key}'"))?;
-    let n = src.check_count(count, elem.min_size(), &|| {
-        format!("the array length of '{key}'")
-    })?;
+    let n = src.check_count(count, elem.min_size(), &|| format!("the array length of '{key}'"))?;
     let what = || format!("an element of array '{key}'");
     Ok(match elem {
         GgufValueType::U8 => GgufArray::U8(read_fixed(src, n, &what, |[b]: [u8; 1]| b)?),
         GgufValueType::I8 => GgufArray::I8(read_fixed(src, n, &what, |[b]: [u8; 1]| b as i8)?),
-        GgufValueType::Bool => {
-            GgufArray::Bool(read_fixed(src, n, &what, |[b]: [u8; 1]| b != 0)?)
-        }
+        GgufValueType::Bool => GgufArray::Bool(read_fixed(src, n, &what, |[b]: [u8; 1]| b != 0)?),
         GgufValueType::U16 => GgufArray::U16(read_fixed(src, n, &what, u16::from_le_bytes)?),
         GgufValueType::I16 => GgufArray::I16(read_fixed(src, n, &what, i16::from_le_bytes)?),
         GgufValueType::U32 => GgufArray::U32(read_fixed(src, n, &what, u32::from_le_bytes)?),
@@ -552,11 +527,7 @@ fn read_array<R: Read>(src: &mut Source<R>, key: &str) -> Result<GgufArray, Gguf
             }
             GgufArray::String(v)
         }
-        GgufValueType::Array => {
-            return Err(GgufErrorKind::NestedArray {
-                key: key.to_owned(),
-            })
-        }
+        GgufValueType::Array => return Err(GgufErrorKind::NestedArray { key: key.to_owned() }),
     })
 }
 
@@ -728,9 +699,7 @@ mod tests {
         r.header(3, 0, 1);
         r.buf.truncate(20);
         match kind(&r.buf) {
-            GgufErrorKind::Truncated {
-                offset, file_size, ..
-            } => {
+            GgufErrorKind::Truncated { offset, file_size, .. } => {
                 assert_eq!(offset, 16);
                 assert_eq!(file_size, 20);
             }
@@ -850,7 +819,14 @@ mod tests {
             GgufErrorKind::TensorNameTooLong { len: 64, .. }
         ));
         let mut r = Raw::default();
-        r.header(3, 1, 0).str(&[0xc3, 0x28]).u32(1).u64(4).u32(0).u64(0).pad_to(32).zeros(16);
+        r.header(3, 1, 0)
+            .str(&[0xc3, 0x28])
+            .u32(1)
+            .u64(4)
+            .u32(0)
+            .u64(0)
+            .pad_to(32)
+            .zeros(16);
         assert!(matches!(kind(&r.buf), GgufErrorKind::InvalidUtf8 { .. }));
 
         let mut r = Raw::default();
@@ -881,11 +857,7 @@ mod tests {
         let b = one_tensor("blk.3.attn_q.weight", &[32, 4], 8, 0, 100);
         let e = parse_bytes(&b).unwrap_err();
         match e.kind() {
-            GgufErrorKind::DataOutOfBounds {
-                tensor,
-                end,
-                file_size,
-            } => {
+            GgufErrorKind::DataOutOfBounds { tensor, end, file_size } => {
                 assert_eq!(tensor, "blk.3.attn_q.weight");
                 assert_eq!(*file_size, b.len() as u64);
                 assert_eq!(*end, b.len() as u64 - 100 + 136);

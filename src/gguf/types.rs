@@ -257,9 +257,7 @@ pub fn row_size(ty: GgmlType, ne0: u64) -> Result<u64, SizeError> {
     if ne0 % block != 0 {
         return Err(SizeError::NotBlockMultiple { ty, ne0, block });
     }
-    (ne0 / block)
-        .checked_mul(ty.type_size())
-        .ok_or(SizeError::Overflow)
+    (ne0 / block).checked_mul(ty.type_size()).ok_or(SizeError::Overflow)
 }
 
 /// Exact bytes taken by a contiguous tensor of type `ty` and shape `dims`
@@ -301,11 +299,7 @@ pub fn cuda_alloc_size(ty: GgmlType, dims: &[u64]) -> Result<u64, SizeError> {
         // ggml_row_size is `type_size * ne / blck_size`; the padding length
         // is a block multiple for every row length that passed `nbytes`.
         let pad_elems = CUDA_MATRIX_ROW_PADDING - ne0 % CUDA_MATRIX_ROW_PADDING;
-        let pad = ty
-            .type_size()
-            .checked_mul(pad_elems)
-            .ok_or(SizeError::Overflow)?
-            / ty.block_size();
+        let pad = ty.type_size().checked_mul(pad_elems).ok_or(SizeError::Overflow)? / ty.block_size();
         return size.checked_add(pad).ok_or(SizeError::Overflow);
     }
     Ok(size)
@@ -429,19 +423,10 @@ mod tests {
             })
         );
         assert_eq!(nbytes(GgmlType::F32, &[4096]), Ok(16384));
-        assert_eq!(
-            nbytes(GgmlType::Q8_0, &[4096, 14336]),
-            Ok(4096 / 32 * 34 * 14336)
-        );
+        assert_eq!(nbytes(GgmlType::Q8_0, &[4096, 14336]), Ok(4096 / 32 * 34 * 14336));
         assert_eq!(nbytes(GgmlType::F32, &[]), Err(SizeError::BadRank(0)));
-        assert_eq!(
-            nbytes(GgmlType::F32, &[1, 1, 1, 1, 1]),
-            Err(SizeError::BadRank(5))
-        );
-        assert_eq!(
-            nbytes(GgmlType::F32, &[1 << 40, 1 << 40]),
-            Err(SizeError::Overflow)
-        );
+        assert_eq!(nbytes(GgmlType::F32, &[1, 1, 1, 1, 1]), Err(SizeError::BadRank(5)));
+        assert_eq!(nbytes(GgmlType::F32, &[1 << 40, 1 << 40]), Err(SizeError::Overflow));
         assert_eq!(nbytes(GgmlType::F64, &[u64::MAX]), Err(SizeError::Overflow));
         assert_eq!(n_elements(&[2, 3, 4]), Ok(24));
         assert_eq!(n_elements(&[u64::MAX, 2]), Err(SizeError::Overflow));
@@ -461,10 +446,7 @@ mod tests {
         );
         // 768 % 512 == 256: one extra half row of 256 elements
         let base = nbytes(GgmlType::Q4_K, &[768, 2048, 128]).unwrap();
-        assert_eq!(
-            cuda_alloc_size(GgmlType::Q4_K, &[768, 2048, 128]),
-            Ok(base + 144)
-        );
+        assert_eq!(cuda_alloc_size(GgmlType::Q4_K, &[768, 2048, 128]), Ok(base + 144));
         // 3584 % 512 == 0
         assert_eq!(
             cuda_alloc_size(GgmlType::Q8_0, &[3584, 512]),

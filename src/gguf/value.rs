@@ -219,9 +219,7 @@ impl GgufArray {
         let header = 4 + 8;
         let body = match self {
             GgufArray::String(v) => v.iter().map(|s| 8 + s.len() as u64).sum(),
-            other => {
-                other.len() as u64 * other.elem_type().fixed_size().unwrap_or(0)
-            }
+            other => other.len() as u64 * other.elem_type().fixed_size().unwrap_or(0),
         };
         header + body
     }

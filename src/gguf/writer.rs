@@ -80,11 +80,7 @@ impl GgufWriter {
     /// Adds a metadata entry. Keys must be unique and non-empty. Setting
     /// `general.alignment` (as a power-of-two `u32`) changes the alignment;
     /// it must then be set before any tensor is declared.
-    pub fn add_kv(
-        &mut self,
-        key: impl Into<String>,
-        value: impl Into<GgufValue>,
-    ) -> Result<&mut Self, GgufWriteError> {
+    pub fn add_kv(&mut self, key: impl Into<String>, value: impl Into<GgufValue>) -> Result<&mut Self, GgufWriteError> {
         let key = key.into();
         let value = value.into();
         if key.is_empty() {
@@ -237,10 +233,7 @@ impl GgufWriter {
 
     /// Creates (truncating) the file at `path` and starts writing to it
     /// through a large buffer.
-    pub fn create_file(
-        self,
-        path: impl AsRef<Path>,
-    ) -> Result<TensorDataWriter<BufWriter<File>>, GgufWriteError> {
+    pub fn create_file(self, path: impl AsRef<Path>) -> Result<TensorDataWriter<BufWriter<File>>, GgufWriteError> {
         let file = File::create(path)?;
         self.start(BufWriter::with_capacity(FILE_BUFFER_BYTES, file))
     }
@@ -434,7 +427,8 @@ mod tests {
         w.add_kv("e", GgufArray::U64(vec![])).unwrap();
         w.add_tensor("token_embd.weight", GgmlType::Q4_0, &[64, 10]).unwrap();
         w.add_tensor("norm", GgmlType::F32, &[5]).unwrap();
-        w.add_tensor("blk.0.ffn_up_exps.weight", GgmlType::Q4_K, &[256, 3, 2]).unwrap();
+        w.add_tensor("blk.0.ffn_up_exps.weight", GgmlType::Q4_K, &[256, 3, 2])
+            .unwrap();
         w
     }
 
@@ -559,7 +553,11 @@ mod tests {
         ));
         assert!(matches!(
             s.write_tensor_data("a", &[0; 7]),
-            Err(GgufWriteError::SizeMismatch { expected: 8, got: 7, .. })
+            Err(GgufWriteError::SizeMismatch {
+                expected: 8,
+                got: 7,
+                ..
+            })
         ));
         assert!(matches!(
             s.write_chunk(&[0; 9]),

@@ -28,10 +28,7 @@ impl Quant {
 
     /// Parses a scheme name (`q4_0`, `q8_0`, `q4_k_m`, `f16`; any case).
     pub fn from_name(name: &str) -> Option<Quant> {
-        Quant::ALL
-            .iter()
-            .copied()
-            .find(|q| q.name().eq_ignore_ascii_case(name))
+        Quant::ALL.iter().copied().find(|q| q.name().eq_ignore_ascii_case(name))
     }
 
     /// The scheme's name.
@@ -86,9 +83,7 @@ pub struct MixContext {
 /// `use_more_bits` from llama-quant.cpp: the first and last eighth of the
 /// layers, and every third layer in between.
 pub fn use_more_bits(i_layer: i64, n_layers: i64) -> bool {
-    i_layer < n_layers / 8
-        || i_layer >= 7 * n_layers / 8
-        || (i_layer - n_layers / 8).rem_euclid(3) == 2
+    i_layer < n_layers / 8 || i_layer >= 7 * n_layers / 8 || (i_layer - n_layers / 8).rem_euclid(3) == 2
 }
 
 fn layer_of(name: &str) -> Option<i64> {
@@ -127,9 +122,8 @@ pub fn tensor_type(quant: Quant, name: &str, dims: &[u64], ctx: &MixContext) -> 
     let nx = dims[0];
     let is_output = name == "output.weight";
     let is_tok = name == "token_embd.weight";
-    let is_attn_v = name.contains("attn_v.weight")
-        || name.contains("attn_qkv.weight")
-        || name.contains("attn_kv_b.weight");
+    let is_attn_v =
+        name.contains("attn_v.weight") || name.contains("attn_qkv.weight") || name.contains("attn_kv_b.weight");
 
     if is_output || (is_tok && !ctx.has_output) {
         if nx % ty.block_size() != 0 {
@@ -280,6 +274,34 @@ fn uniform_std(n: f32) -> f32 {
     ((n * n - 1.0) / 12.0).sqrt()
 }
 
+/// Replaces every zero nibble by 8, so that `q - 8` on 4-bit quants is
+/// symmetric around zero (values 1..=15, with 8 twice as likely) instead of
+/// biased by half a step.
+pub fn center_nibbles(bytes: &mut [u8]) {
+    const LOW: u64 = 0x1111_1111_1111_1111;
+    let mut chunks = bytes.chunks_exact_mut(8);
+    for c in &mut chunks {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(c);
+        let x = u64::from_le_bytes(a);
+        let mut t = x | (x >> 1);
+        t |= t >> 2;
+        let zero = !t & LOW;
+        c.copy_from_slice(&(x | (zero << 3)).to_le_bytes());
+    }
+    for b in chunks.into_remainder() {
+        for shift in [0, 4] {
+            if (*b >> shift) & 15 == 0 {
+                *b |= 8 << shift;
+            }
+        }
+    }
+}
+
+/// Standard deviation of `q - 8` after [`center_nibbles`]:
+/// `sqrt(2 * (1 + 4 + … + 49) / 16)`.
+const CENTERED_NIBBLE_STD: f32 = 4.183_3;
+
 /// Packs eight 6-bit scales and mins into the 12-byte K-quant layout read by
 /// `get_scale_min_k4`.
 pub fn pack_scales_k4(sc: &[u8; 8], m: &[u8; 8]) -> [u8; 12] {
@@ -352,10 +374,11 @@ pub fn fill_blocks(ty: GgmlType, init: Init, rng: &mut WyRand, out: &mut [u8]) -
             }
         }
         GgmlType::Q4_0 => {
-            let d0 = sigma / uniform_std(16.0);
+            let d0 = sigma / CENTERED_NIBBLE_STD;
             for b in out.chunks_exact_mut(bs) {
                 b[0..2].copy_from_slice(&h(d0 * jitter(rng)));
                 rng.fill_bytes(&mut b[2..18]);
+                center_nibbles(&mut b[2..18]);
             }
         }
         GgmlType::Q4_1 => {
@@ -368,10 +391,13 @@ pub fn fill_blocks(ty: GgmlType, init: Init, rng: &mut WyRand, out: &mut [u8]) -
             }
         }
         GgmlType::Q5_0 => {
-            let d0 = sigma / uniform_std(32.0);
+            // q = nibble + 16 * high bit; centred nibbles make q - 16 symmetric
+            let std = (CENTERED_NIBBLE_STD * CENTERED_NIBBLE_STD + 64.0).sqrt();
+            let d0 = sigma / std;
             for b in out.chunks_exact_mut(bs) {
                 b[0..2].copy_from_slice(&h(d0 * jitter(rng)));
                 rng.fill_bytes(&mut b[2..22]);
+                center_nibbles(&mut b[6..22]);
             }
         }
         GgmlType::Q5_1 => {
@@ -393,11 +419,7 @@ pub fn fill_blocks(ty: GgmlType, init: Init, rng: &mut WyRand, out: &mut [u8]) -
         GgmlType::Q4_K | GgmlType::Q5_K => {
             // w = d*sc*q - dmin*m with m = sc and dmin = d*(levels-1)/2 gives
             // w = d*sc*(q - (levels-1)/2): zero-mean, std d*sc*uniform_std.
-            let (levels, payload): (f32, usize) = if ty == GgmlType::Q4_K {
-                (16.0, 128)
-            } else {
-                (32.0, 160)
-            };
+            let (levels, payload): (f32, usize) = if ty == GgmlType::Q4_K { (16.0, 128) } else { (32.0, 160) };
             let d0 = sigma / (uniform_std(levels) * 32.0);
             for b in out.chunks_exact_mut(bs) {
                 let d = d0 * jitter(rng);
@@ -453,10 +475,7 @@ mod tests {
     fn use_more_bits_matches_upstream_for_32_layers() {
         let picked: Vec<i64> = (0..32).filter(|&i| use_more_bits(i, 32)).collect();
         // i < 4, i >= 28, (i - 4) % 3 == 2
-        assert_eq!(
-            picked,
-            vec![0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
-        );
+        assert_eq!(picked, vec![0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]);
     }
 
     #[test]
@@ -529,7 +548,7 @@ mod tests {
             GgmlType::Q6_K
         );
         assert_eq!(
-            tensor_type(Quant::Q4_K_M, "blk.3.ffn_down_exps.weight", &[768, 2048, 128], &c),
+            tensor_type(Quant::Q4_K_M, "blk.7.ffn_down_exps.weight", &[768, 2048, 128], &c),
             GgmlType::Q4_K
         );
         // eight experts bump attn_v/attn_k to Q8_0 and attn_output to Q5_K
@@ -580,6 +599,20 @@ mod tests {
         }
         assert_eq!(f32_to_bf16(1.0), 0x3f80);
         assert_eq!(f32_to_bf16(-2.0), 0xc000);
+    }
+
+    #[test]
+    fn centred_nibbles() {
+        let mut b: Vec<u8> = (0..=255).collect();
+        center_nibbles(&mut b);
+        for (i, &x) in b.iter().enumerate() {
+            let (lo, hi) = (i & 15, i >> 4);
+            let want = |n: usize| if n == 0 { 8 } else { n };
+            assert_eq!(usize::from(x & 15), want(lo));
+            assert_eq!(usize::from(x >> 4), want(hi));
+        }
+        let std = ((1..=7).map(|k| (k * k) as f32).sum::<f32>() * 2.0 / 16.0).sqrt();
+        assert!((std - CENTERED_NIBBLE_STD).abs() < 1e-3);
     }
 
     #[test]
@@ -671,7 +704,12 @@ mod tests {
         assert!(buf.chunks_exact(4).all(|c| c == 1.0f32.to_le_bytes()));
         assert!(fill_blocks(GgmlType::F32, Init::Zeros, &mut r, &mut buf));
         assert!(buf.iter().all(|&b| b == 0));
-        assert!(fill_blocks(GgmlType::F16, Init::Random { sigma: 0.1 }, &mut r, &mut buf));
+        assert!(fill_blocks(
+            GgmlType::F16,
+            Init::Random { sigma: 0.1 },
+            &mut r,
+            &mut buf
+        ));
         let vals: Vec<f32> = buf
             .chunks_exact(2)
             .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
@@ -680,7 +718,13 @@ mod tests {
         assert!(!fill_blocks(GgmlType::Q4_0, Init::Ones, &mut r, &mut buf[..18]));
         assert!(!fill_blocks(GgmlType::IQ2_XXS, Init::Zeros, &mut r, &mut buf[..66]));
         assert!(!fill_blocks(GgmlType::Q4_0, Init::Zeros, &mut r, &mut buf[..17]));
-        for ty in [GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q5_K, GgmlType::BF16] {
+        for ty in [
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q5_K,
+            GgmlType::BF16,
+        ] {
             let mut b = vec![0u8; ty.type_size() as usize * 4];
             assert!(fill_blocks(ty, Init::Random { sigma: 0.1 }, &mut r, &mut b), "{ty}");
         }

@@ -39,7 +39,7 @@ impl WyRand {
     #[inline]
     pub fn range_u8(&mut self, lo: u8, hi: u8) -> u8 {
         let span = u64::from(hi - lo) + 1;
-        lo + ((self.next_u64() >> 32) * span >> 32) as u8
+        lo + (((self.next_u64() >> 32) * span) >> 32) as u8
     }
 
     /// Fills `out` with random bytes.

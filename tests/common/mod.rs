@@ -16,8 +16,14 @@ pub fn default_model_path() -> PathBuf {
 /// The default model, loaded on the CPU.
 pub fn load_default_model() -> Model {
     pipeshard::engine::init(None).expect("llama.cpp init");
-    Model::load(&default_model_path(), ModelParams { n_gpu_layers: 0, ..Default::default() })
-        .expect("loading the default model")
+    Model::load(
+        &default_model_path(),
+        ModelParams {
+            n_gpu_layers: 0,
+            ..Default::default()
+        },
+    )
+    .expect("loading the default model")
 }
 
 /// A scratch directory unique to one test.

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The exact steps run on the GPU machine (no Rust, no network there), in two
+# calls because one upload is limited to 64 MiB and the default model is 98 MB:
+#   stage1: build the CUDA module (and a native CPU module), write the R1/R2
+#           models with `pipeshard synth`, measure the machine profile, plan.
+#   stage2: reassemble the default model, run it fully on the GPU, then
+#           `pipeshard bench` R1 at 2 GiB and R2 at 4 GiB against upstream policies.
+# Run from the repository root with dist/ (scripts/device/pack.sh) present.
+set -euo pipefail
+W=${PIPESHARD_WORK:-/root/w}
+RES=$W/results
+mkdir -p "$W" "$RES"
+P=dist/pipeshard
+SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+stage1() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
+    cp .stash/smol.part1 "$W/"
+    mkdir -p dist/lib-avx2 && cp dist/lib/libggml-cpu.so dist/lib-avx2/
+    [[ -d .stash/lib ]] && cp -a .stash/lib/. dist/lib/
+    [[ -f dist/lib/libggml-cuda.so ]] || ( time bash dist/build-cuda.sh dist 90 --native-cpu ) > "$RES/build-cuda.log" 2>&1 || { tail -30 "$RES/build-cuda.log"; exit 1; }
+    tail -3 "$RES/build-cuda.log"
+    $P synth --arch llama3.1-8b --quant q4_0 -o "$W/r1.gguf"
+    $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf"
+    $P profile --mode fast -t 16 -o "$RES/profile.yaml"
+    $P plan -m "$W/r1.gguf" --vram-budget 2GiB -c 4352 --profile "$RES/profile.yaml" | tee "$RES/plan-r1-2gib.txt"
+    $P plan -m "$W/r2.gguf" --vram-budget 4GiB -c 4352 --profile "$RES/profile.yaml" | tee "$RES/plan-r2-4gib.txt"
+}
+
+stage2() {
+    cat "$W/smol.part1" .stash/smol.part2 > "$W/smol.gguf"
+    echo "$SMOL_SHA  $W/smol.gguf" | sha256sum -c
+    smol
+    bench
+}
+
+smol() {
+    $P run -m "$W/smol.gguf" --n-gpu-layers=-1 --chat -p "What is the capital of France?" -n 64 -t 16 2>&1 | tee "$RES/smol-gpu.txt"
+    $P run -m "$W/smol.gguf" --n-gpu-layers=-1 -p "The three primary colors are" -n 64 -t 16 --json 2>&1 | tee -a "$RES/smol-gpu.txt"
+}
+
+bench() {
+    [[ -f .stash/pipeshard ]] && cp .stash/pipeshard dist/pipeshard
+    $P bench -m "$W/r1.gguf" --vram-budget 2GiB -p 4096 -n 64 -r 2 -t 16 --profile "$RES/profile.yaml" -o "$RES/r1" 2>&1 | tee "$RES/bench-r1.log"
+    $P bench -m "$W/r2.gguf" --vram-budget 4GiB -p 4096 -n 64 -r 2 -t 16 --profile "$RES/profile.yaml" -o "$RES/r2" 2>&1 | tee "$RES/bench-r2.log"
+}
+
+"$@"
+# Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results

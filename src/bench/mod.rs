@@ -1,0 +1,309 @@
+//! Side-by-side benchmarks: pipeshard's plan against upstream placement
+//! policies, run through the same library with pipeshard's features off.
+//!
+//! Each policy loads the model, processes a prompt of random tokens (TTFT),
+//! then decodes greedily at that depth (tokens/s), while a sampler thread
+//! reads the device's free memory to find the peak actually used.
+
+mod memory;
+mod report;
+
+pub use memory::MemorySampler;
+pub use report::{write_reports, BenchRow};
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{
+    self, BufferType, Context, ContextParams, DeviceKind, EngineError, FlashAttention, Model, ModelParams, Token,
+};
+use crate::gguf::ModelInfo;
+use crate::plan::{self, Plan};
+
+/// How weights are placed for one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// pipeshard's plan from the cost model.
+    Pipeshard,
+    /// Upstream's fit, emulated: dry-run probes that move MoE experts (or
+    /// whole layers, for dense models) to the CPU until the rest fits.
+    Fit,
+    /// The largest `-ngl` whose dry run fits the budget.
+    Ngl,
+    /// Attention (all layers) on the GPU, FFN or experts on the CPU
+    /// (`-ngl 999 -ot ffn=CPU` / `--cpu-moe`).
+    AttnGpu,
+}
+
+/// Errors of a benchmark run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Plan(#[from] plan::PlanError),
+    #[error(transparent)]
+    Apply(#[from] plan::apply::ApplyError),
+    #[error("no placement of this policy fits {0} bytes")]
+    NoFit(u64),
+    #[error("writing reports: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The workload and settings shared by all policies.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    pub prompt_tokens: u32,
+    pub gen_tokens: u32,
+    pub ubatch: u32,
+    pub threads: i32,
+    pub repetitions: u32,
+    pub flash_attention: FlashAttention,
+}
+
+/// One measured repetition.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Sample {
+    pub ttft_s: f64,
+    pub decode_tok_s: f64,
+}
+
+/// What one policy achieved at one budget.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PolicyResult {
+    pub policy: Policy,
+    pub budget: u64,
+    /// Placement summary, e.g. "ngl 12" or the plan's resident bytes.
+    pub setting: String,
+    pub load_s: f64,
+    pub samples: Vec<Sample>,
+    /// Peak device memory in use during the run (sampled), bytes.
+    pub peak_vram: u64,
+    /// Peak resident host memory during the run, bytes.
+    pub peak_rss: u64,
+    pub over_budget: bool,
+    /// Prediction of the cost model, for the pipeshard policy.
+    pub predicted: Option<plan::Prediction>,
+}
+
+fn cpu_buft() -> Option<BufferType> {
+    let cpu = engine::list_devices().into_iter().find(|d| d.kind == DeviceKind::Cpu)?;
+    engine::device_buffer_types(cpu.index).map(|(b, _)| b)
+}
+
+/// Device bytes a placement needs, measured by a no-alloc dry run.
+fn dry_run_bytes(path: &Path, make: &dyn Fn() -> ModelParams<'static>, ctx: &ContextParams) -> Result<u64, BenchError> {
+    let mut mp = make();
+    mp.no_alloc = true;
+    let model = Model::load(path, mp)?;
+    let c = Context::new(&model, ctx.clone())?;
+    Ok(c.memory_breakdown()
+        .iter()
+        .filter(|m| !m.is_host)
+        .map(|m| m.total())
+        .sum())
+}
+
+fn expert_regex() -> &'static str {
+    r"\.ffn_(up|down|gate|gate_up)_exps\."
+}
+
+/// Load parameters for an upstream policy with `n` as its knob.
+fn upstream_params(policy: Policy, info: &ModelInfo, n: u32) -> ModelParams<'static> {
+    let cpu = cpu_buft();
+    let mut mp = ModelParams::default();
+    match policy {
+        Policy::Ngl => mp.n_gpu_layers = n as i32,
+        Policy::AttnGpu => {
+            mp.n_gpu_layers = 999;
+            let pat = if info.is_moe() {
+                expert_regex().to_string()
+            } else {
+                r"\.ffn_(up|down|gate)\.".to_string()
+            };
+            if let Some(c) = cpu {
+                mp.tensor_overrides = vec![(pat, c)];
+            }
+        }
+        Policy::Fit => {
+            mp.n_gpu_layers = 999;
+            if info.is_moe() {
+                // Experts of the first n layers on the CPU (upstream -ncmoe n).
+                if let Some(c) = cpu {
+                    mp.tensor_overrides = (0..n)
+                        .map(|l| (format!(r"^blk\.{l}\.ffn_(up|down|gate|gate_up)_exps\."), c))
+                        .collect();
+                }
+            } else {
+                mp.n_gpu_layers = n as i32;
+            }
+        }
+        Policy::Pipeshard => {}
+    }
+    mp
+}
+
+/// Run one policy at one budget.
+pub fn run_policy(
+    path: &Path,
+    info: &ModelInfo,
+    profile: Option<&crate::profile::MachineProfile>,
+    policy: Policy,
+    budget: u64,
+    cfg: &BenchConfig,
+) -> Result<PolicyResult, BenchError> {
+    let n_ctx = (cfg.prompt_tokens + cfg.gen_tokens + 256).div_ceil(256) * 256;
+    let mut ctx_params = ContextParams {
+        n_ctx,
+        n_batch: cfg.ubatch.max(cfg.prompt_tokens.min(4096)),
+        n_ubatch: cfg.ubatch,
+        n_threads: Some(cfg.threads),
+        n_threads_batch: Some(cfg.threads),
+        flash_attention: cfg.flash_attention,
+        ..Default::default()
+    };
+    let mut predicted = None;
+    let margin = 64u64 << 20;
+    let (mp, setting): (ModelParams<'static>, String) = match policy {
+        Policy::Pipeshard => {
+            let profile = profile.ok_or(plan::PlanError::NoGpuProfile)?;
+            let mut req = plan::PlanRequest::new(budget, n_ctx as u64);
+            req.workload = plan::Workload {
+                prompt_tokens: cfg.prompt_tokens as u64,
+                gen_tokens: cfg.gen_tokens as u64,
+            };
+            let p: Plan = plan::make_plan(info, profile, &req)?;
+            let applied = plan::apply::apply(&p)?;
+            predicted = Some(p.predicted);
+            ctx_params.n_ubatch = applied.n_ubatch;
+            ctx_params.n_batch = ctx_params.n_batch.max(applied.n_ubatch);
+            ctx_params.offload = Some(applied.offload.clone());
+            let mp = ModelParams {
+                n_gpu_layers: applied.n_gpu_layers,
+                use_mmap: applied.use_mmap,
+                placement: Some(applied.placement.clone()),
+                ..Default::default()
+            };
+            (
+                mp,
+                format!(
+                    "ub {}, {} resident, KV {}/{} layers",
+                    p.ubatch,
+                    plan::fmt_bytes(p.resident_bytes()),
+                    p.kv_gpu_layers,
+                    p.n_layer
+                ),
+            )
+        }
+        Policy::AttnGpu => (upstream_params(policy, info, 0), "ngl 999, ffn/experts on CPU".into()),
+        Policy::Ngl | Policy::Fit => {
+            // The knob: layers on the GPU (ngl) or layers whose experts move to the CPU (fit, MoE).
+            let moe_fit = policy == Policy::Fit && info.is_moe();
+            let fits = |n: u32| -> Result<bool, BenchError> {
+                let make = move || upstream_params(policy, info, n);
+                Ok(dry_run_bytes(path, &make, &ctx_params)? + margin <= budget)
+            };
+            let n_layer = info.n_layer;
+            let chosen = if moe_fit {
+                // Fewest layers with experts on the CPU.
+                let (mut lo, mut hi) = (0u32, n_layer);
+                if !fits(hi)? {
+                    return Err(BenchError::NoFit(budget));
+                }
+                while lo < hi {
+                    let mid = (lo + hi) / 2;
+                    if fits(mid)? {
+                        hi = mid;
+                    } else {
+                        lo = mid + 1;
+                    }
+                }
+                lo
+            } else {
+                // Most layers on the GPU.
+                let (mut lo, mut hi) = (0u32, n_layer + 1);
+                while lo < hi {
+                    let mid = (lo + hi).div_ceil(2);
+                    if fits(mid)? {
+                        lo = mid;
+                    } else {
+                        hi = mid - 1;
+                    }
+                }
+                lo
+            };
+            let setting = if moe_fit {
+                format!("ngl 999, -ncmoe {chosen}")
+            } else {
+                format!("ngl {chosen}")
+            };
+            (upstream_params(policy, info, chosen), setting)
+        }
+    };
+
+    let gpu_index = engine::list_devices()
+        .into_iter()
+        .find(|d| d.kind == DeviceKind::Gpu)
+        .map(|d| d.index);
+    let sampler = MemorySampler::start(gpu_index);
+    let t_load = Instant::now();
+    let model = Arc::new(Model::load(path, mp)?);
+    let mut ctx = Context::new(&model, ctx_params)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+
+    let n_vocab = model.n_vocab();
+    let mut s: u64 = 0x2545f4914f6cdd1d;
+    let mut rand_token = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s % (n_vocab as u64 - 1)) as Token
+    };
+    let prompt: Vec<Token> = (0..cfg.prompt_tokens).map(|_| rand_token()).collect();
+    // Warm-up: a short prompt and a few decode steps.
+    ctx.decode_tokens(&prompt[..prompt.len().min(cfg.ubatch as usize)], 0, true)?;
+    ctx.decode_tokens(&[prompt[0]], cfg.ubatch.min(cfg.prompt_tokens) as i32, true)?;
+    let argmax = |l: &[f32]| {
+        l.iter()
+            .enumerate()
+            .fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+            .0 as Token
+    };
+
+    let mut samples = Vec::new();
+    for _ in 0..cfg.repetitions.max(1) {
+        ctx.clear();
+        let t0 = Instant::now();
+        ctx.decode_tokens(&prompt, 0, true)?;
+        let mut tok = argmax(ctx.logits(-1)?);
+        let ttft = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        for i in 0..cfg.gen_tokens {
+            ctx.decode_tokens(&[tok], (cfg.prompt_tokens + i) as i32, true)?;
+            tok = argmax(ctx.logits(-1)?);
+        }
+        let dec = cfg.gen_tokens as f64 / t1.elapsed().as_secs_f64();
+        samples.push(Sample {
+            ttft_s: ttft,
+            decode_tok_s: dec,
+        });
+    }
+    drop(ctx);
+    drop(model);
+    let (peak_vram, peak_rss) = sampler.stop();
+    Ok(PolicyResult {
+        policy,
+        budget,
+        setting,
+        load_s,
+        samples,
+        peak_vram,
+        peak_rss,
+        over_budget: peak_vram > budget,
+        predicted,
+    })
+}

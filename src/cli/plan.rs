@@ -1,0 +1,189 @@
+//! `pipeshard plan` and `pipeshard profile`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+
+use pipeshard::engine;
+use pipeshard::plan::{self, Format, PlanRequest, Streaming, Workload};
+use pipeshard::profile::{self, MachineProfile, ProfileKey, ProfileMode};
+use pipeshard::progress;
+
+use super::GlobalArgs;
+
+/// Options shared by everything that plans: `plan`, `run`, `serve`, `bench`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct BudgetArgs {
+    /// Hard VRAM budget, e.g. 4GiB or 2048MiB; `auto` takes the free VRAM minus a margin.
+    #[arg(long = "vram-budget", env = "PIPESHARD_VRAM_BUDGET")]
+    pub vram_budget: Option<String>,
+    /// Machine profile (YAML); default: the one in profiles/ matching this machine, measured on first use.
+    #[arg(long = "profile", env = "PIPESHARD_PROFILE")]
+    pub profile: Option<PathBuf>,
+    /// A saved plan (YAML or JSON from `pipeshard plan`) to use as is.
+    #[arg(long = "plan", env = "PIPESHARD_PLAN")]
+    pub plan: Option<PathBuf>,
+    /// Assume copies overlap compute (the pipelined streaming mode).
+    #[arg(long = "overlapped", hide = true)]
+    pub overlapped: bool,
+}
+
+impl BudgetArgs {
+    /// The budget in bytes, resolving `auto`.
+    pub fn budget_bytes(&self) -> Result<Option<u64>> {
+        match self.vram_budget.as_deref() {
+            None => Ok(None),
+            Some("auto") => {
+                let gpu = engine::list_devices()
+                    .into_iter()
+                    .find(|d| d.kind == engine::DeviceKind::Gpu)
+                    .context("--vram-budget auto needs a GPU")?;
+                let margin = (gpu.total_bytes / 20).max(512 << 20);
+                Ok(Some(gpu.free_bytes.saturating_sub(margin)))
+            }
+            Some(s) => Ok(Some(plan::parse_bytes(s)?)),
+        }
+    }
+}
+
+/// Load the profile named on the command line, or the one matching this
+/// machine, measuring it (fast mode) when none exists.
+pub fn resolve_profile(args: &BudgetArgs, threads: i32) -> Result<MachineProfile> {
+    if let Some(p) = &args.profile {
+        return MachineProfile::load(p).with_context(|| format!("reading the profile {}", p.display()));
+    }
+    let dir = profile::default_dir();
+    let key = ProfileKey::current(threads);
+    if let Some(p) = MachineProfile::load_matching(&dir, &key) {
+        tracing::info!("using the profile {}", dir.join(key.file_name()).display());
+        return Ok(p);
+    }
+    tracing::info!("no profile for this machine yet; measuring one (fast mode)");
+    let p = measure_with_bar(ProfileMode::Fast, threads)?;
+    let path = dir.join(key.file_name());
+    if let Err(e) = p.save(&path) {
+        tracing::warn!("could not save the profile to {}: {e}", path.display());
+    }
+    Ok(p)
+}
+
+fn measure_with_bar(mode: ProfileMode, threads: i32) -> Result<MachineProfile> {
+    let bar = progress::steps_bar(1, "profiling");
+    let p = profile::measure(mode, threads, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    Ok(p)
+}
+
+#[derive(clap::Args)]
+pub struct PlanArgs {
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
+    /// Context size in tokens.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 8192)]
+    pub ctx_size: u64,
+    /// Parallel sequences (each gets ctx-size / np tokens).
+    #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
+    pub parallel: u32,
+    /// Prompt tokens of the workload to optimise for.
+    #[arg(long = "prompt-tokens", default_value_t = 4096)]
+    pub prompt_tokens: u64,
+    /// Generated tokens of the workload.
+    #[arg(long = "gen-tokens", default_value_t = 64)]
+    pub gen_tokens: u64,
+    /// Fix the ubatch size instead of choosing it.
+    #[arg(long = "ubatch-size", visible_alias = "ub")]
+    pub ubatch: Option<u32>,
+    #[arg(long = "format", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Threads the CPU ops would use (selects the profile).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<i32>,
+}
+
+pub fn make_request(
+    budget: u64,
+    ctx: u64,
+    prompt: u64,
+    gen: u64,
+    ubatch: Option<u32>,
+    overlapped: bool,
+) -> PlanRequest {
+    let mut req = PlanRequest::new(budget, ctx);
+    req.workload = Workload {
+        prompt_tokens: prompt,
+        gen_tokens: gen,
+    };
+    req.ubatch = ubatch;
+    req.streaming = if overlapped {
+        Streaming::Overlapped
+    } else {
+        Streaming::Synchronous
+    };
+    req
+}
+
+pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
+    let (_, info) =
+        pipeshard::gguf::inspect(&args.model).with_context(|| format!("reading {}", args.model.display()))?;
+    engine::init(global.backend_dir.as_deref())?;
+    let threads = args.threads.unwrap_or_else(engine::default_threads);
+    let budget = args.budget.budget_bytes()?.context("--vram-budget is required")?;
+    let profile = resolve_profile(&args.budget, threads)?;
+    let req = make_request(
+        budget,
+        args.ctx_size,
+        args.prompt_tokens,
+        args.gen_tokens,
+        args.ubatch,
+        args.budget.overlapped,
+    );
+    let _ = args.parallel;
+    let plan = plan::make_plan(&info, &profile, &req)?;
+    print!("{}", plan::render(&plan, args.format));
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct ProfileArgs {
+    /// How thorough: tiny (seconds), fast (under a minute), full.
+    #[arg(long = "mode", value_enum, default_value_t = ProfileMode::Fast)]
+    pub mode: ProfileMode,
+    /// Where to write it (default: profiles/<machine key>.yaml).
+    #[arg(short = 'o', long = "output")]
+    pub output: Option<PathBuf>,
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<i32>,
+}
+
+pub fn profile_cmd(global: &GlobalArgs, args: ProfileArgs) -> Result<()> {
+    engine::init(global.backend_dir.as_deref())?;
+    let threads = args.threads.unwrap_or_else(engine::default_threads);
+    let p = measure_with_bar(args.mode, threads)?;
+    let path = args
+        .output
+        .unwrap_or_else(|| profile::default_dir().join(p.key.file_name()));
+    p.save(&path)?;
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    eprintln!("profile written to {} in {:.1} s", path.display(), p.measured_in_s);
+    eprintln!(
+        "CPU: {} ({} threads), memory read {:.1} GiB/s",
+        p.key.cpu,
+        threads,
+        gib(p.cpu_mem_bw)
+    );
+    if let Some(l) = &p.link {
+        eprintln!(
+            "GPU: {}; H2D pinned {:.1} GB/s, pageable {:.1} GB/s; D2H pinned {:.1} GB/s",
+            p.key.gpu.as_deref().unwrap_or("?"),
+            l.h2d_pinned / 1e9,
+            l.h2d_pageable / 1e9,
+            l.d2h_pinned / 1e9
+        );
+    }
+    Ok(())
+}

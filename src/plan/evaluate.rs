@@ -1,0 +1,216 @@
+//! Fast, exact evaluation of a placement: op times are computed once per
+//! configuration (ubatch size, KV layers) and a placement is then priced by
+//! table look-ups, so the optimizer can compare thousands of placements.
+
+use super::cost::{is_placeable, CostModel, Exec};
+use super::{Plan, Prediction, Workload};
+use crate::gguf::{ModelInfo, TensorRole};
+
+/// Op times of every placeable tensor for one configuration.
+pub struct Evaluator {
+    /// Placeable tensor indices into `ModelInfo::tensors`, in graph order.
+    pub tensors: Vec<usize>,
+    layer: Vec<Option<u32>>,
+    is_qkv: Vec<bool>,
+    /// Distinct ubatch sizes: the full chunk, the last partial chunk, decode.
+    sizes: Vec<(u64, f64)>,
+    /// Per size, per tensor: (resident seconds, best host exec, its seconds).
+    times: Vec<Vec<(f64, Exec, f64)>>,
+    /// Per size: attention seconds summed over all chunks of that size.
+    attention: Vec<f64>,
+    kv_gpu_from: u32,
+    n_layer: u32,
+    switch_s: f64,
+    pub workload: Workload,
+    pub ubatch: u32,
+}
+
+impl Evaluator {
+    /// Precompute op times for ubatch `u` with the KV cache of the last
+    /// `kv_layers` layers on the GPU.
+    pub fn new(model: &ModelInfo, cm: &CostModel<'_>, workload: Workload, u: u32, kv_layers: u32) -> Evaluator {
+        let tensors: Vec<usize> = (0..model.tensors.len()).filter(|&i| is_placeable(&model.tensors[i])).collect();
+        let p = workload.prompt_tokens;
+        let u64_ = u as u64;
+        let full = p / u64_;
+        let rest = p % u64_;
+        // (ubatch size, how many times it runs) — decode weighs gen_tokens.
+        let mut sizes: Vec<(u64, f64)> = Vec::new();
+        if full > 0 {
+            sizes.push((u64_, full as f64));
+        }
+        if rest > 0 {
+            sizes.push((rest, 1.0));
+        }
+        sizes.push((1, workload.gen_tokens as f64));
+        let kv_gpu_from = model.n_layer - kv_layers;
+        // A ubatch smaller than u runs with tier u's decisions (the first tier
+        // at or above its size), so the partial chunk reuses them.
+        let exec_u: Vec<Exec> = tensors.iter().map(|&i| cm.best_host_exec(&model.tensors[i], u64_).0).collect();
+        let times = sizes
+            .iter()
+            .map(|&(n, _)| {
+                tensors
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &i)| {
+                        let t = &model.tensors[i];
+                        let e = if n == 1 { cm.best_host_exec(t, 1).0 } else { exec_u[k] };
+                        (cm.op_seconds(t, n, Exec::Resident), e, cm.op_seconds(t, n, e))
+                    })
+                    .collect()
+            })
+            .collect();
+        // Attention: prompt chunks at increasing depth, decode at the prompt's depth.
+        let attention = sizes
+            .iter()
+            .enumerate()
+            .map(|(si, &(n, _))| {
+                let depths: Vec<u64> = if n == 1 && si == sizes.len() - 1 {
+                    vec![p + workload.gen_tokens / 2]
+                } else if n == u64_ {
+                    (0..full).map(|c| c * u64_).collect()
+                } else {
+                    vec![full * u64_]
+                };
+                depths
+                    .iter()
+                    .map(|&d| {
+                        (0..model.n_layer)
+                            .map(|l| cm.attention_seconds(l, n, d + n / 2, l >= kv_gpu_from))
+                            .sum::<f64>()
+                    })
+                    .sum::<f64>()
+            })
+            .collect();
+        Evaluator {
+            layer: tensors.iter().map(|&i| model.tensors[i].layer).collect(),
+            is_qkv: tensors
+                .iter()
+                .map(|&i| {
+                    matches!(
+                        model.tensors[i].role,
+                        TensorRole::AttnQ | TensorRole::AttnK | TensorRole::AttnV | TensorRole::AttnQkv
+                    )
+                })
+                .collect(),
+            tensors,
+            sizes,
+            times,
+            attention,
+            kv_gpu_from,
+            n_layer: model.n_layer,
+            switch_s: cm.overheads.device_switch_s,
+            workload,
+            ubatch: u,
+        }
+    }
+
+    /// How the op of placeable tensor `k` (an index into `self.tensors`) runs at size index `si`.
+    pub fn exec(&self, k: usize, si: usize, resident: bool) -> Exec {
+        if resident {
+            Exec::Resident
+        } else {
+            self.times[si][k].1
+        }
+    }
+
+    /// Seconds one ubatch of size index `si` takes under `resident`
+    /// (excluding attention), with device switches.
+    fn weights_seconds(&self, si: usize, resident: &[bool]) -> f64 {
+        let mut total = 0.0;
+        let mut switches = 0u32;
+        let mut last: Option<bool> = None;
+        let mut visit = |gpu: bool| {
+            if last.is_some_and(|g| g != gpu) {
+                switches += 1;
+            }
+            last = Some(gpu);
+        };
+        let mut current_layer: Option<u32> = None;
+        let mut attn_visited = true;
+        for (k, &res) in resident.iter().enumerate() {
+            let layer = self.layer[k];
+            if layer != current_layer {
+                if !attn_visited {
+                    if let Some(l) = current_layer {
+                        visit(l >= self.kv_gpu_from);
+                    }
+                }
+                current_layer = layer;
+                attn_visited = layer.is_none();
+            }
+            if !attn_visited && !self.is_qkv[k] {
+                if let Some(l) = layer {
+                    visit(l >= self.kv_gpu_from);
+                }
+                attn_visited = true;
+            }
+            let (r, e, h) = self.times[si][k];
+            if res {
+                total += r;
+                visit(true);
+            } else {
+                total += h;
+                visit(e != Exec::Cpu);
+            }
+        }
+        let _ = self.n_layer;
+        total + switches as f64 * self.switch_s
+    }
+
+    /// Predicted TTFT and decode speed for a residency vector over `self.tensors`.
+    pub fn evaluate(&self, resident: &[bool]) -> Prediction {
+        let mut ttft = 0.0;
+        let mut decode = 0.0;
+        let last = self.sizes.len() - 1;
+        for (si, &(_, count)) in self.sizes.iter().enumerate() {
+            if si == last {
+                decode = self.weights_seconds(si, resident) + self.attention[si];
+            } else {
+                ttft += self.weights_seconds(si, resident) * count + self.attention[si];
+            }
+        }
+        let p = self.workload.prompt_tokens as f64;
+        Prediction { ttft_s: ttft, prompt_tok_s: p / ttft.max(1e-12), decode_tok_s: 1.0 / decode.max(1e-12) }
+    }
+
+    /// The optimizer's objective: seconds for the whole workload.
+    pub fn objective(&self, p: &Prediction) -> f64 {
+        p.ttft_s + self.workload.gen_tokens as f64 / p.decode_tok_s.max(1e-12)
+    }
+
+    /// Seconds saved over the workload by making tensor `k` resident, ignoring
+    /// device switches (used to order candidates).
+    pub fn saving(&self, k: usize) -> f64 {
+        self.sizes.iter().enumerate().map(|(si, &(_, count))| count * (self.times[si][k].2 - self.times[si][k].0)).sum()
+    }
+
+    /// Tiers of this configuration, ascending.
+    pub fn tiers(&self) -> Vec<u32> {
+        let mut t = vec![1, self.ubatch];
+        t.dedup();
+        t
+    }
+
+    /// The exec of tensor `k` for a tier (the size the tier covers).
+    pub fn tier_exec(&self, k: usize, tier: u32, resident: bool) -> Exec {
+        let si = self
+            .sizes
+            .iter()
+            .position(|&(n, _)| n == tier as u64)
+            .unwrap_or(if tier == 1 { self.sizes.len() - 1 } else { 0 });
+        self.exec(k, si, resident)
+    }
+}
+
+/// Predicted TTFT and decode speed of a finished plan.
+pub fn predict(model: &ModelInfo, cm: &CostModel<'_>, plan: &Plan) -> Prediction {
+    let ev = Evaluator::new(model, cm, plan.workload, plan.ubatch, plan.kv_gpu_layers);
+    let resident: Vec<bool> = ev
+        .tensors
+        .iter()
+        .map(|&i| plan.tensors.iter().any(|t| t.name == model.tensors[i].name && t.resident))
+        .collect();
+    ev.evaluate(&resident)
+}

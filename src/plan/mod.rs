@@ -1,0 +1,231 @@
+//! The planner: where each sub-layer weight lives and runs, per token tier,
+//! under a hard VRAM budget.
+//!
+//! A [`Plan`] keeps one set of resident weights (re-uploading weights between
+//! tiers would cost more than it saves) and, for every other weight, decides
+//! per tier whether its op streams the weight to the GPU or runs on the CPU.
+//! [`make_plan`] searches the ubatch size and how many layers keep their KV
+//! cache on the GPU; for each candidate it fills the VRAM left after KV,
+//! compute buffers and a reserve with the weights that save the most time per
+//! byte according to the [`cost`] model.
+
+pub mod apply;
+pub mod cost;
+mod evaluate;
+mod optimizer;
+mod report;
+
+pub use cost::{CostModel, Exec, Overheads, Streaming};
+pub use evaluate::{predict, Evaluator};
+pub use optimizer::make_plan;
+pub use report::{render, Format};
+
+use serde::{Deserialize, Serialize};
+
+use crate::gguf::{GgmlType, ModelInfo};
+
+/// Errors from planning.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "a VRAM budget of {budget} cannot run this model (KV cache, compute buffers and reserve need at least {minimum}); the smallest budget that works is {minimum}",
+        budget = crate::plan::fmt_bytes(*budget),
+        minimum = crate::plan::fmt_bytes(*minimum)
+    )]
+    BudgetTooSmall { budget: u64, minimum: u64 },
+    #[error("the profile has no GPU measurements, so nothing can be placed in VRAM; measure a profile on a machine with a GPU")]
+    NoGpuProfile,
+    #[error("invalid request: {0}")]
+    Invalid(String),
+}
+
+/// The work a plan is optimised for.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Workload {
+    /// Prompt tokens processed before the first generated token.
+    pub prompt_tokens: u64,
+    /// Tokens generated after it.
+    pub gen_tokens: u64,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Workload {
+            prompt_tokens: 4096,
+            gen_tokens: 64,
+        }
+    }
+}
+
+/// What to plan for.
+#[derive(Debug, Clone)]
+pub struct PlanRequest {
+    /// Device memory the plan may use, bytes.
+    pub budget: u64,
+    /// Context length in tokens (all sequences together).
+    pub n_ctx: u64,
+    pub workload: Workload,
+    /// A fixed ubatch size, or None to choose among 512..4096.
+    pub ubatch: Option<u32>,
+    pub type_k: GgmlType,
+    pub type_v: GgmlType,
+    pub streaming: Streaming,
+    /// Host weights are pinned (model loaded without mmap).
+    pub pinned: bool,
+    /// VRAM kept free for CUDA's own pools and workspaces.
+    pub reserve: u64,
+    pub overheads: Overheads,
+}
+
+impl PlanRequest {
+    /// Defaults for a budget and context.
+    pub fn new(budget: u64, n_ctx: u64) -> PlanRequest {
+        PlanRequest {
+            budget,
+            n_ctx,
+            workload: Workload::default(),
+            ubatch: None,
+            type_k: GgmlType::F16,
+            type_v: GgmlType::F16,
+            streaming: Streaming::Synchronous,
+            pinned: true,
+            reserve: 160 << 20,
+            overheads: Overheads::default(),
+        }
+    }
+}
+
+/// Where one weight lives and runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedTensor {
+    pub name: String,
+    pub layer: Option<u32>,
+    pub role: String,
+    /// Bytes in host memory.
+    pub bytes: u64,
+    /// Bytes it takes in VRAM (CUDA padding included).
+    pub vram_bytes: u64,
+    pub resident: bool,
+    /// Per tier (ubatch tokens), how its op runs.
+    pub exec: Vec<(u32, Exec)>,
+}
+
+/// The VRAM the plan uses, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct VramBreakdown {
+    pub weights: u64,
+    pub kv_cache: u64,
+    pub compute: u64,
+    pub reserve: u64,
+    pub total: u64,
+    pub budget: u64,
+}
+
+/// Predicted speed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Prediction {
+    pub ttft_s: f64,
+    pub prompt_tok_s: f64,
+    pub decode_tok_s: f64,
+}
+
+/// A complete placement, with its VRAM use and predicted speed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub model: String,
+    pub ubatch: u32,
+    /// Token tiers, ascending; a ubatch of n tokens uses the first tier >= n.
+    pub tiers: Vec<u32>,
+    /// Layers (counted from the last) whose KV cache and attention are on the GPU.
+    pub kv_gpu_layers: u32,
+    pub n_layer: u32,
+    pub streaming: Streaming,
+    pub pinned: bool,
+    pub vram: VramBreakdown,
+    pub predicted: Prediction,
+    pub workload: Workload,
+    pub tensors: Vec<PlannedTensor>,
+}
+
+impl Plan {
+    /// The tier a ubatch of `n` tokens runs with.
+    pub fn tier_for(&self, n: u64) -> u32 {
+        self.tiers
+            .iter()
+            .copied()
+            .find(|&t| t as u64 >= n)
+            .unwrap_or_else(|| *self.tiers.last().unwrap_or(&1))
+    }
+
+    /// Bytes of resident weights.
+    pub fn resident_bytes(&self) -> u64 {
+        self.tensors.iter().filter(|t| t.resident).map(|t| t.vram_bytes).sum()
+    }
+}
+
+/// Human-readable bytes (GiB/MiB).
+pub fn fmt_bytes(b: u64) -> String {
+    if b >= 1 << 30 {
+        format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+    }
+}
+
+/// Parse "4GiB", "512MiB", "2.5G", "1e9" or plain bytes.
+pub fn parse_bytes(s: &str) -> Result<u64, PlanError> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| PlanError::Invalid(format!("not a size: {s:?}")))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" | "tib" => 1024.0f64.powi(4),
+        _ => return Err(PlanError::Invalid(format!("unknown unit in {s:?} (use MiB or GiB)"))),
+    };
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(PlanError::Invalid(format!("not a size: {s:?}")));
+    }
+    Ok((v * mult) as u64)
+}
+
+/// KV cache bytes for the last `gpu_layers` layers at `n_ctx` tokens.
+pub(crate) fn kv_bytes(model: &ModelInfo, req: &PlanRequest, gpu_layers: u32) -> u64 {
+    let n_ctx = req.n_ctx.div_ceil(256) * 256;
+    (model.n_layer - gpu_layers..model.n_layer)
+        .map(|l| {
+            let per_tok = model.kv_bytes_per_token(l, req.type_k, req.type_v).unwrap_or(0);
+            let ctx = match (model.is_swa(l), model.sliding_window) {
+                (true, Some(w)) => n_ctx.min((w + 256).div_ceil(256) * 256),
+                _ => n_ctx,
+            };
+            per_tok * ctx
+        })
+        .sum()
+}
+
+/// Compute-buffer estimate for a ubatch of `u` tokens on the GPU: the
+/// activations of one layer plus the largest set of weights one layer
+/// streams through the compute buffer.
+pub(crate) fn compute_bytes(model: &ModelInfo, u: u64, streamed_layer_bytes: u64) -> u64 {
+    let n_ff = model
+        .n_ff
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(model.n_ff_exp.unwrap_or(0) * model.n_expert_used as u64);
+    let n_head = model.n_head.iter().copied().max().unwrap_or(0) as u64;
+    let n_head_kv = model.n_head_kv.iter().copied().max().unwrap_or(0) as u64;
+    let qkv = (n_head + 2 * n_head_kv) * model.head_dim_k;
+    let act = u * 4 * (6 * model.n_embd + 3 * n_ff + qkv);
+    let logits = model.n_vocab.unwrap_or(0) * 4;
+    act + logits + streamed_layer_bytes + (32 << 20)
+}
+

@@ -1,0 +1,147 @@
+//! The optimizer: choose the ubatch size, the layers whose KV cache lives on
+//! the GPU, and the resident weights, for the lowest predicted workload time.
+//!
+//! For each configuration the placeable weights are ordered by seconds saved
+//! per VRAM byte; every prefix of that order that fits the budget is a
+//! candidate, and the best candidate over all configurations wins. The order
+//! and the configurations do not depend on the budget, so a bigger budget
+//! only adds candidates: it can never predict slower.
+
+use super::cost::{is_placeable, CostModel};
+use super::evaluate::Evaluator;
+use super::{compute_bytes, kv_bytes, Plan, PlanError, PlanRequest, PlannedTensor, VramBreakdown};
+use crate::gguf::{ModelInfo, TensorRole};
+use crate::profile::MachineProfile;
+
+/// Make the best plan for `model` on the machine described by `profile`.
+pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest) -> Result<Plan, PlanError> {
+    if req.n_ctx == 0 || req.workload.prompt_tokens == 0 {
+        return Err(PlanError::Invalid("n_ctx and the prompt length must be positive".into()));
+    }
+    if !profile.has_gpu() {
+        return Err(PlanError::NoGpuProfile);
+    }
+    let cm = CostModel { model, profile, streaming: req.streaming, pinned: req.pinned, overheads: req.overheads };
+    // Norms, biases and other small tensors stay resident with their layer.
+    let small_bytes: u64 = model
+        .tensors
+        .iter()
+        .filter(|t| !is_placeable(t) && t.role != TensorRole::TokenEmbd)
+        .map(|t| t.cuda_alloc_size())
+        .sum();
+    // The scheduler copies a layer's streamed weights into the compute buffer.
+    let max_layer_stream: u64 = (0..model.n_layer)
+        .map(|l| {
+            model
+                .tensors
+                .iter()
+                .filter(|t| t.layer == Some(l) && is_placeable(t) && t.role != TensorRole::AttnOutput)
+                .map(|t| t.nbytes)
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0);
+    let ubatches: Vec<u32> = match req.ubatch {
+        Some(u) => vec![u],
+        None => [512u32, 1024, 2048, 4096]
+            .into_iter()
+            .filter(|&u| u as u64 <= req.workload.prompt_tokens.max(512) && u as u64 <= req.n_ctx.max(512))
+            .collect(),
+    };
+    let kv_steps: Vec<u32> = {
+        let step = (model.n_layer as usize / 8).max(1);
+        let mut v: Vec<u32> = (0..=model.n_layer).rev().step_by(step).collect();
+        if v.last() != Some(&0) {
+            v.push(0);
+        }
+        v
+    };
+
+    let mut best: Option<(f64, Plan)> = None;
+    let mut minimum = u64::MAX;
+    for &u in &ubatches {
+        for &kv_layers in &kv_steps {
+            let kv = kv_bytes(model, req, kv_layers);
+            let compute = compute_bytes(model, u as u64, max_layer_stream) + small_bytes;
+            let fixed = kv + compute + req.reserve;
+            minimum = minimum.min(fixed);
+            if fixed > req.budget {
+                continue;
+            }
+            let free = req.budget - fixed;
+            let ev = Evaluator::new(model, &cm, req.workload, u, kv_layers);
+            let sizes: Vec<u64> = ev.tensors.iter().map(|&i| model.tensors[i].cuda_alloc_size()).collect();
+            let mut order: Vec<usize> = (0..ev.tensors.len()).filter(|&k| ev.saving(k) > 0.0).collect();
+            order.sort_by(|&a, &b| {
+                let ra = ev.saving(a) / sizes[a].max(1) as f64;
+                let rb = ev.saving(b) / sizes[b].max(1) as f64;
+                rb.partial_cmp(&ra)
+                    .unwrap_or(std::cmp::Ordering::Equal)
+                    .then_with(|| model.tensors[ev.tensors[a]].name.cmp(&model.tensors[ev.tensors[b]].name))
+            });
+            let mut resident = vec![false; ev.tensors.len()];
+            let mut used = 0u64;
+            let mut cfg_best = (ev.objective(&ev.evaluate(&resident)), 0usize, 0u64);
+            for (pos, &k) in order.iter().enumerate() {
+                if used + sizes[k] > free {
+                    break;
+                }
+                used += sizes[k];
+                resident[k] = true;
+                let obj = ev.objective(&ev.evaluate(&resident));
+                if obj < cfg_best.0 - 1e-12 {
+                    cfg_best = (obj, pos + 1, used);
+                }
+            }
+            if best.as_ref().is_some_and(|(b, _)| cfg_best.0 >= *b - 1e-12) {
+                continue;
+            }
+            let mut resident = vec![false; ev.tensors.len()];
+            for &k in &order[..cfg_best.1] {
+                resident[k] = true;
+            }
+            let predicted = ev.evaluate(&resident);
+            let tiers = ev.tiers();
+            let tensors = ev
+                .tensors
+                .iter()
+                .enumerate()
+                .map(|(k, &i)| {
+                    let t = &model.tensors[i];
+                    PlannedTensor {
+                        name: t.name.clone(),
+                        layer: t.layer,
+                        role: format!("{:?}", t.role),
+                        bytes: t.nbytes,
+                        vram_bytes: sizes[k],
+                        resident: resident[k],
+                        exec: tiers.iter().map(|&n| (n, ev.tier_exec(k, n, resident[k]))).collect(),
+                    }
+                })
+                .collect();
+            let weights = cfg_best.2;
+            let plan = Plan {
+                model: model.name.clone().unwrap_or_else(|| model.architecture.clone()),
+                ubatch: u,
+                tiers,
+                kv_gpu_layers: kv_layers,
+                n_layer: model.n_layer,
+                streaming: req.streaming,
+                pinned: req.pinned,
+                vram: VramBreakdown {
+                    weights,
+                    kv_cache: kv,
+                    compute,
+                    reserve: req.reserve,
+                    total: weights + kv + compute + req.reserve,
+                    budget: req.budget,
+                },
+                predicted,
+                workload: req.workload,
+                tensors,
+            };
+            best = Some((cfg_best.0, plan));
+        }
+    }
+    best.map(|(_, p)| p).ok_or(PlanError::BudgetTooSmall { budget: req.budget, minimum })
+}

@@ -1,0 +1,127 @@
+//! Rendering a plan for people (a table) and programs (YAML, JSON).
+
+use std::fmt::Write;
+
+use super::{fmt_bytes, Exec, Plan};
+
+/// Output formats of `pipeshard plan`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Yaml,
+    Json,
+}
+
+fn exec_name(e: Exec) -> &'static str {
+    match e {
+        Exec::Resident => "gpu",
+        Exec::Stream => "stream",
+        Exec::Cpu => "cpu",
+    }
+}
+
+/// Render `plan` in `format`.
+pub fn render(plan: &Plan, format: Format) -> String {
+    match format {
+        Format::Yaml => serde_yaml::to_string(plan).unwrap_or_default(),
+        Format::Json => serde_json::to_string_pretty(plan).unwrap_or_default(),
+        Format::Table => table(plan),
+    }
+}
+
+fn table(plan: &Plan) -> String {
+    let mut s = String::new();
+    let v = &plan.vram;
+    let _ = writeln!(
+        s,
+        "model {}: {} layers, ubatch {}, tiers {:?}",
+        plan.model, plan.n_layer, plan.ubatch, plan.tiers
+    );
+    let _ = writeln!(
+        s,
+        "VRAM {} of {}: weights {}, KV cache {} ({} of {} layers on GPU), compute {}, reserve {}",
+        fmt_bytes(v.total),
+        fmt_bytes(v.budget),
+        fmt_bytes(v.weights),
+        fmt_bytes(v.kv_cache),
+        plan.kv_gpu_layers,
+        plan.n_layer,
+        fmt_bytes(v.compute),
+        fmt_bytes(v.reserve)
+    );
+    let p = &plan.predicted;
+    let _ = writeln!(
+        s,
+        "predicted for {} prompt + {} generated tokens: TTFT {:.3} s ({:.0} tok/s), decode {:.1} tok/s ({:?} streaming, host weights {})",
+        plan.workload.prompt_tokens,
+        plan.workload.gen_tokens,
+        p.ttft_s,
+        p.prompt_tok_s,
+        p.decode_tok_s,
+        plan.streaming,
+        if plan.pinned { "pinned" } else { "pageable" }
+    );
+    let _ = writeln!(s);
+    // Group identical layer layouts so the table stays short.
+    let _ = writeln!(
+        s,
+        "{:<10} {:<16} {:>10}  {}",
+        "layers",
+        "tensor",
+        "size",
+        plan.tiers
+            .iter()
+            .map(|t| format!("n={t:<6}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let mut rows: Vec<(String, String, u64, String)> = Vec::new();
+    for t in &plan.tensors {
+        let short = match t.layer {
+            Some(l) => t
+                .name
+                .trim_start_matches(&format!("blk.{l}."))
+                .trim_end_matches(".weight")
+                .to_string(),
+            None => t.name.trim_end_matches(".weight").to_string(),
+        };
+        let cols = t
+            .exec
+            .iter()
+            .map(|(_, e)| format!("{:<8}", exec_name(*e)))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let layer = t.layer.map_or("-".to_string(), |l| l.to_string());
+        rows.push((layer, short, t.bytes, cols));
+    }
+    // Merge consecutive layers with the same tensor layout.
+    let mut i = 0;
+    while i < rows.len() {
+        let (l0, name, bytes, cols) = rows[i].clone();
+        let mut j = i;
+        let mut last = l0.clone();
+        while let Some(next) = rows.iter().skip(j + 1).find(|r| r.1 == name) {
+            let nl: usize = next.0.parse().unwrap_or(usize::MAX);
+            let ll: usize = last.parse().unwrap_or(usize::MAX - 1);
+            if nl == ll + 1 && next.3 == cols {
+                last = next.0.clone();
+                j = rows.iter().position(|r| r == next).unwrap_or(j + 1);
+            } else {
+                break;
+            }
+        }
+        let span = if last == l0 { l0.clone() } else { format!("{l0}-{last}") };
+        let _ = writeln!(s, "{span:<10} {name:<16} {:>10}  {cols}", fmt_bytes(bytes));
+        // Skip the rows folded into this one.
+        let folded: Vec<String> = if last == l0 {
+            vec![]
+        } else {
+            let a: usize = l0.parse().unwrap_or(0);
+            let b: usize = last.parse().unwrap_or(0);
+            (a + 1..=b).map(|x| x.to_string()).collect()
+        };
+        rows.retain(|r| !(r.1 == name && folded.contains(&r.0)));
+        i += 1;
+    }
+    s
+}

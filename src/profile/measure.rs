@@ -1,0 +1,312 @@
+//! Running the micro-benchmarks that make up a [`MachineProfile`].
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::{AttnSample, Device, MachineProfile, MatmulSample, ProfileError, ProfileKey};
+use crate::engine::opbench::{self, Backend};
+use crate::engine::{self, ffi, DeviceKind};
+use crate::gguf::GgmlType;
+
+/// How thorough a measurement is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ProfileMode {
+    /// A handful of samples, seconds on any machine (tests, smoke checks).
+    Tiny,
+    /// Under a minute: the common weight types and batch sizes.
+    Fast,
+    /// Every type, batch size and thread count, and the busy-link figures.
+    Full,
+}
+
+struct Plan {
+    types: Vec<GgmlType>,
+    cpu_tokens: Vec<i64>,
+    gpu_tokens: Vec<i64>,
+    shape: (i64, i64),
+    expert_shape: (i64, i64, i64, i64),
+    min_time: Duration,
+    attn: Vec<(i64, i64)>,
+    busy: bool,
+}
+
+fn plan_for(mode: ProfileMode) -> Plan {
+    use GgmlType::*;
+    match mode {
+        ProfileMode::Tiny => Plan {
+            types: vec![Q4_0, F16],
+            cpu_tokens: vec![1, 16],
+            gpu_tokens: vec![1, 512],
+            shape: (1024, 1024),
+            expert_shape: (512, 256, 16, 4),
+            min_time: Duration::from_millis(5),
+            attn: vec![(1, 256)],
+            busy: false,
+        },
+        ProfileMode::Fast => Plan {
+            types: vec![F16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K],
+            cpu_tokens: vec![1, 4, 32, 256],
+            gpu_tokens: vec![1, 32, 512, 2048, 4096],
+            shape: (4096, 4096),
+            expert_shape: (2048, 768, 128, 8),
+            min_time: Duration::from_millis(30),
+            attn: vec![(1, 4096), (512, 4096), (4096, 4096)],
+            busy: true,
+        },
+        ProfileMode::Full => Plan {
+            types: vec![F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS],
+            cpu_tokens: vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+            gpu_tokens: vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
+            shape: (4096, 4096),
+            expert_shape: (2048, 768, 128, 8),
+            min_time: Duration::from_millis(100),
+            attn: vec![
+                (1, 1024),
+                (1, 4096),
+                (1, 16384),
+                (512, 4096),
+                (2048, 4096),
+                (4096, 4096),
+            ],
+            busy: true,
+        },
+    }
+}
+
+/// Sustained read bandwidth of host memory with `threads` threads.
+fn cpu_memory_bandwidth(threads: usize, bytes: usize, min_time: Duration) -> f64 {
+    let words = bytes / 8 / threads * threads;
+    let data: Vec<u64> = (0..words as u64).collect();
+    let chunk = words / threads;
+    let read_all = || {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = data
+                .chunks(chunk)
+                .map(|c| s.spawn(move || c.iter().fold(0u64, |a, &x| a.wrapping_add(x))))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, u64::wrapping_add)
+        })
+    };
+    std::hint::black_box(read_all());
+    let t0 = Instant::now();
+    let mut reps = 0usize;
+    while reps < 2 || t0.elapsed() < min_time {
+        std::hint::black_box(read_all());
+        reps += 1;
+    }
+    (words * 8 * reps) as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// Measure this machine. `progress` gets (done, total) steps.
+pub fn measure(
+    mode: ProfileMode,
+    threads: i32,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<MachineProfile, ProfileError> {
+    let t_start = Instant::now();
+    let devices = engine::init(None)?;
+    let cpu_index = devices.iter().find(|d| d.kind == DeviceKind::Cpu).map(|d| d.index);
+    let gpu = devices.iter().find(|d| d.kind == DeviceKind::Gpu).cloned();
+    let plan = plan_for(mode);
+    let (k, n) = plan.shape;
+    let (ek, en, ee, eu) = plan.expert_shape;
+
+    let n_types = plan.types.len() as u64;
+    let gpu_steps = if gpu.is_some() {
+        n_types * plan.gpu_tokens.len() as u64 + 4 + plan.attn.len() as u64
+    } else {
+        0
+    };
+    let busy_steps = if gpu.is_some() && plan.busy {
+        plan.cpu_tokens.len() as u64
+    } else {
+        0
+    };
+    let total = 1 + n_types * plan.cpu_tokens.len() as u64 + 2 + plan.attn.len() as u64 + gpu_steps + busy_steps;
+    let mut done = 0u64;
+    let mut step = |progress: &mut dyn FnMut(u64, u64)| {
+        done += 1;
+        progress(done, total);
+    };
+
+    let mem_bytes = if mode == ProfileMode::Tiny { 64 << 20 } else { 1 << 30 };
+    let cpu_mem_bw = cpu_memory_bandwidth(threads.max(1) as usize, mem_bytes, plan.min_time * 4);
+    step(&mut progress);
+
+    let mut matmul = Vec::new();
+    let mut attention = Vec::new();
+    if let Some(ci) = cpu_index {
+        let mut cpu = Backend::open(ci)?;
+        cpu.set_threads(threads);
+        for &ty in &plan.types {
+            for &t in &plan.cpu_tokens {
+                let s = opbench::time_mul_mat(&cpu, ty.id() as ffi::ggml_type, k, n, t, plan.min_time)?;
+                matmul.push(MatmulSample {
+                    device: Device::Cpu,
+                    ty: ty.name().into(),
+                    k,
+                    n,
+                    tokens: t,
+                    experts: None,
+                    link_busy: false,
+                    seconds: s,
+                });
+                step(&mut progress);
+            }
+        }
+        for &t in &[1i64, 16] {
+            let s = opbench::time_mul_mat_id(
+                &cpu,
+                GgmlType::Q4_0.id() as ffi::ggml_type,
+                ek,
+                en,
+                (ee, eu),
+                t,
+                plan.min_time,
+            )?;
+            matmul.push(MatmulSample {
+                device: Device::Cpu,
+                ty: "q4_0".into(),
+                k: ek,
+                n: en,
+                tokens: t,
+                experts: Some((ee, eu)),
+                link_busy: false,
+                seconds: s,
+            });
+            step(&mut progress);
+        }
+        for &(t, kv) in &plan.attn {
+            let t_cpu = t.min(if mode == ProfileMode::Tiny { 1 } else { 64 });
+            let s = opbench::time_flash_attn(&cpu, 128, 32, 8, t_cpu, kv, plan.min_time)?;
+            attention.push(AttnSample {
+                device: Device::Cpu,
+                head_dim: 128,
+                n_head: 32,
+                n_head_kv: 8,
+                tokens: t_cpu,
+                n_kv: kv,
+                seconds: s,
+            });
+            step(&mut progress);
+        }
+    }
+
+    let mut link = None;
+    let mut gpu_memory = None;
+    if let Some(g) = &gpu {
+        gpu_memory = Some((g.free_bytes, g.total_bytes));
+        let link_bytes = if mode == ProfileMode::Tiny { 16 << 20 } else { 256 << 20 };
+        link = Some(opbench::measure_link(g.index, link_bytes, plan.min_time * 4)?);
+        step(&mut progress);
+        let gb = Backend::open(g.index)?;
+        for &ty in &plan.types {
+            for &t in &plan.gpu_tokens {
+                let s = opbench::time_mul_mat(&gb, ty.id() as ffi::ggml_type, k, n, t, plan.min_time)?;
+                matmul.push(MatmulSample {
+                    device: Device::Gpu,
+                    ty: ty.name().into(),
+                    k,
+                    n,
+                    tokens: t,
+                    experts: None,
+                    link_busy: false,
+                    seconds: s,
+                });
+                step(&mut progress);
+            }
+        }
+        for &t in &[1i64, 512, 4096] {
+            let s = opbench::time_mul_mat_id(
+                &gb,
+                GgmlType::Q4_0.id() as ffi::ggml_type,
+                ek,
+                en,
+                (ee, eu),
+                t,
+                plan.min_time,
+            )?;
+            matmul.push(MatmulSample {
+                device: Device::Gpu,
+                ty: "q4_0".into(),
+                k: ek,
+                n: en,
+                tokens: t,
+                experts: Some((ee, eu)),
+                link_busy: false,
+                seconds: s,
+            });
+            step(&mut progress);
+        }
+        for &(t, kv) in &plan.attn {
+            let s = opbench::time_flash_attn(&gb, 128, 32, 8, t, kv, plan.min_time)?;
+            attention.push(AttnSample {
+                device: Device::Gpu,
+                head_dim: 128,
+                n_head: 32,
+                n_head_kv: 8,
+                tokens: t,
+                n_kv: kv,
+                seconds: s,
+            });
+            step(&mut progress);
+        }
+        // CPU matmuls while the link streams host-to-device copies.
+        if plan.busy {
+            if let Some(ci) = cpu_index {
+                let stop = std::sync::atomic::AtomicBool::new(false);
+                let gi = g.index;
+                std::thread::scope(|s| -> Result<(), ProfileError> {
+                    let copier = s.spawn(|| {
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            if opbench::measure_link(gi, 256 << 20, Duration::from_millis(50)).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                    let mut cpu = Backend::open(ci)?;
+                    cpu.set_threads(threads);
+                    let mut res = Ok(());
+                    for &t in &plan.cpu_tokens {
+                        match opbench::time_mul_mat(&cpu, GgmlType::Q4_0.id() as ffi::ggml_type, k, n, t, plan.min_time)
+                        {
+                            Ok(sec) => matmul.push(MatmulSample {
+                                device: Device::Cpu,
+                                ty: "q4_0".into(),
+                                k,
+                                n,
+                                tokens: t,
+                                experts: None,
+                                link_busy: true,
+                                seconds: sec,
+                            }),
+                            Err(e) => {
+                                res = Err(e.into());
+                                break;
+                            }
+                        }
+                        step(&mut progress);
+                    }
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    let _ = copier.join();
+                    res
+                })?;
+            }
+        }
+    }
+
+    Ok(MachineProfile {
+        key: ProfileKey::current(threads),
+        mode,
+        measured_in_s: t_start.elapsed().as_secs_f64(),
+        cpu_mem_bw,
+        link,
+        gpu_memory,
+        matmul,
+        attention,
+    })
+}

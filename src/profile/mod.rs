@@ -1,0 +1,420 @@
+//! The machine profile: measured speeds of this machine's CPU, GPU and link,
+//! which the planner's cost model reads.
+//!
+//! A profile is YAML under `profiles/`, keyed by CPU model, GPU and thread
+//! count. [`measure`] produces one; [`MachineProfile::load_matching`] finds
+//! one for the current machine. Rates are looked up by the nearest measured
+//! batch size and scaled by work ([`MachineProfile::matmul_seconds`]).
+
+mod measure;
+
+pub use measure::{measure, ProfileMode};
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::gguf::GgmlType;
+
+/// Errors reading, writing or finding a profile.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path} is not a valid profile: {source}")]
+    Parse { path: PathBuf, source: serde_yaml::Error },
+    #[error("serialising the profile: {0}")]
+    Serialize(#[from] serde_yaml::Error),
+    #[error("measuring: {0}")]
+    Engine(#[from] crate::engine::EngineError),
+    #[error("the profile has no {what} measurements for {ty}")]
+    Missing { what: &'static str, ty: String },
+}
+
+/// Which device an op runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Cpu,
+    Gpu,
+}
+
+/// What identifies a machine for profile reuse.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfileKey {
+    pub cpu: String,
+    /// GPU name, or None on a CPU-only machine.
+    pub gpu: Option<String>,
+    pub threads: i32,
+}
+
+impl ProfileKey {
+    /// The key of this machine, with the devices ggml has loaded.
+    pub fn current(threads: i32) -> ProfileKey {
+        let gpu = crate::engine::list_devices()
+            .into_iter()
+            .find(|d| d.kind == crate::engine::DeviceKind::Gpu)
+            .map(|d| d.description);
+        ProfileKey {
+            cpu: cpu_model(),
+            gpu,
+            threads,
+        }
+    }
+
+    /// A file name for this key.
+    pub fn file_name(&self) -> String {
+        let clean = |s: &str| {
+            s.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() {
+                        c.to_ascii_lowercase()
+                    } else {
+                        '-'
+                    }
+                })
+                .collect::<String>()
+                .split('-')
+                .filter(|p| !p.is_empty())
+                .collect::<Vec<_>>()
+                .join("-")
+        };
+        format!(
+            "{}__{}__t{}.yaml",
+            clean(&self.cpu),
+            clean(self.gpu.as_deref().unwrap_or("cpu-only")),
+            self.threads
+        )
+    }
+}
+
+/// The CPU model name from /proc/cpuinfo.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// One matmul measurement: `tokens` columns through a `k × n` weight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MatmulSample {
+    pub device: Device,
+    #[serde(rename = "type")]
+    pub ty: String,
+    pub k: i64,
+    pub n: i64,
+    pub tokens: i64,
+    /// For expert matmuls: experts in the tensor and experts per token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<(i64, i64)>,
+    /// Measured while the link was busy with host-to-device copies.
+    #[serde(default)]
+    pub link_busy: bool,
+    pub seconds: f64,
+}
+
+/// One flash-attention measurement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttnSample {
+    pub device: Device,
+    pub head_dim: i64,
+    pub n_head: i64,
+    pub n_head_kv: i64,
+    pub tokens: i64,
+    pub n_kv: i64,
+    pub seconds: f64,
+}
+
+/// Host↔device copy speeds, bytes per second.
+pub type Link = crate::engine::opbench::LinkBandwidth;
+
+/// Everything measured about a machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MachineProfile {
+    pub key: ProfileKey,
+    pub mode: ProfileMode,
+    /// Seconds the measurement took.
+    pub measured_in_s: f64,
+    /// Sustained CPU memory read bandwidth with all threads, bytes/s.
+    pub cpu_mem_bw: f64,
+    /// None without a GPU.
+    pub link: Option<Link>,
+    /// Free and total device memory when measured, bytes.
+    #[serde(default)]
+    pub gpu_memory: Option<(u64, u64)>,
+    pub matmul: Vec<MatmulSample>,
+    pub attention: Vec<AttnSample>,
+}
+
+impl MachineProfile {
+    /// Read a profile file.
+    pub fn load(path: &Path) -> Result<MachineProfile, ProfileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        serde_yaml::from_str(&text).map_err(|source| ProfileError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Write it as YAML.
+    pub fn save(&self, path: &Path) -> Result<(), ProfileError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| ProfileError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        let text = serde_yaml::to_string(self)?;
+        std::fs::write(path, text).map_err(|source| ProfileError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// A profile in `dir` whose key matches `key`, if any.
+    pub fn load_matching(dir: &Path, key: &ProfileKey) -> Option<MachineProfile> {
+        let p = MachineProfile::load(&dir.join(key.file_name())).ok()?;
+        (p.key == *key).then_some(p)
+    }
+
+    /// Whether GPU figures are present.
+    pub fn has_gpu(&self) -> bool {
+        self.link.is_some()
+    }
+
+    /// Predicted seconds for `tokens` columns through a `k × n` weight of
+    /// type `ty` on `device`: the nearest measured sample of that type (by
+    /// log-distance in tokens), scaled by the work ratio. Types never
+    /// measured fall back to the closest type by bits per weight.
+    pub fn matmul_seconds(&self, device: Device, ty: GgmlType, k: u64, n: u64, tokens: u64, link_busy: bool) -> f64 {
+        let samples: Vec<&MatmulSample> = self
+            .matmul
+            .iter()
+            .filter(|s| s.device == device && s.experts.is_none() && s.link_busy == link_busy)
+            .collect();
+        let samples = if samples.is_empty() {
+            self.matmul
+                .iter()
+                .filter(|s| s.device == device && s.experts.is_none())
+                .collect()
+        } else {
+            samples
+        };
+        let Some(ty_name) = nearest_type(&samples, ty) else {
+            return f64::INFINITY;
+        };
+        let same: Vec<&&MatmulSample> = samples.iter().filter(|s| s.ty == ty_name).collect();
+        let lt = (tokens.max(1) as f64).ln();
+        // Two nearest batch sizes around `tokens`, interpolated per token.
+        let mut by_dist: Vec<&&&MatmulSample> = same.iter().collect();
+        by_dist.sort_by(|a, b| {
+            let da = ((a.tokens as f64).ln() - lt).abs();
+            let db = ((b.tokens as f64).ln() - lt).abs();
+            da.partial_cmp(&db).unwrap_or(std::cmp::Ordering::Equal)
+        });
+        let Some(best) = by_dist.first() else {
+            return f64::INFINITY;
+        };
+        let work = |s: &MatmulSample| (s.k * s.n) as f64;
+        let per_weight = best.seconds / work(best);
+        let scale = (k * n) as f64;
+        // Scale in tokens only beyond the largest measured batch (compute-bound
+        // there) or below the smallest (weight-read-bound: flat).
+        let max_t = same.iter().map(|s| s.tokens).max().unwrap_or(1);
+        let t = if tokens as i64 > max_t && best.tokens == max_t {
+            per_weight * scale * tokens as f64 / max_t as f64
+        } else {
+            per_weight * scale
+        };
+        // Between two samples, interpolate linearly in tokens.
+        if let Some(second) = by_dist.get(1) {
+            let (lo, hi) = if best.tokens < second.tokens {
+                (best, second)
+            } else {
+                (second, best)
+            };
+            if (lo.tokens as u64) < tokens && tokens < hi.tokens as u64 {
+                let a = lo.seconds / work(lo) * scale;
+                let b = hi.seconds / work(hi) * scale;
+                let f = (tokens as f64 - lo.tokens as f64) / (hi.tokens - lo.tokens) as f64;
+                return a + (b - a) * f;
+            }
+        }
+        t
+    }
+
+    /// Predicted seconds for an expert matmul: `tokens` tokens each using
+    /// `n_used` of `n_expert` experts of `k × n`.
+    pub fn expert_seconds(
+        &self,
+        device: Device,
+        ty: GgmlType,
+        k: u64,
+        n: u64,
+        (n_expert, n_used): (u64, u64),
+        tokens: u64,
+    ) -> f64 {
+        let samples: Vec<&MatmulSample> = self
+            .matmul
+            .iter()
+            .filter(|s| s.device == device && s.experts.is_some() && !s.link_busy)
+            .collect();
+        let ty_name = nearest_type(&samples, ty);
+        let lt = (tokens.max(1) as f64).ln();
+        let best = ty_name.and_then(|name| {
+            samples.iter().filter(|s| s.ty == name).min_by(|a, b| {
+                let da = ((a.tokens as f64).ln() - lt).abs();
+                let db = ((b.tokens as f64).ln() - lt).abs();
+                da.partial_cmp(&db).unwrap_or(std::cmp::Ordering::Equal)
+            })
+        });
+        match best {
+            Some(s) => {
+                let (se, su) = s.experts.unwrap_or((1, 1));
+                // Work = distinct experts touched x expert size x tokens per expert.
+                let touched = |e: f64, u: f64, t: f64| e * (1.0 - (1.0 - u / e).powf(t));
+                let w_s = touched(se as f64, su as f64, s.tokens as f64) * (s.k * s.n) as f64;
+                let w = touched(n_expert as f64, n_used as f64, tokens as f64) * (k * n) as f64;
+                let mut t = s.seconds * w / w_s;
+                if tokens as i64 > s.tokens {
+                    t *= tokens as f64 / s.tokens as f64;
+                }
+                t
+            }
+            // No expert samples: treat each used expert as a dense matmul.
+            None => {
+                let per_expert_tokens = (tokens * n_used).div_ceil(n_expert).max(1);
+                let touched =
+                    (n_expert as f64 * (1.0 - (1.0 - n_used as f64 / n_expert as f64).powf(tokens as f64))).max(1.0);
+                touched * self.matmul_seconds(device, ty, k, n, per_expert_tokens, false)
+            }
+        }
+    }
+
+    /// Predicted seconds of flash attention for `tokens` queries over `n_kv`
+    /// positions, scaled from the nearest sample by work.
+    pub fn attention_seconds(&self, device: Device, head_dim: u64, n_head: u64, tokens: u64, n_kv: u64) -> f64 {
+        let work = |hd: f64, h: f64, t: f64, kv: f64| hd * h * t * kv.max(1.0);
+        let lt = (tokens.max(1) as f64).ln();
+        let best = self.attention.iter().filter(|s| s.device == device).min_by(|a, b| {
+            let da = ((a.tokens as f64).ln() - lt).abs();
+            let db = ((b.tokens as f64).ln() - lt).abs();
+            da.partial_cmp(&db).unwrap_or(std::cmp::Ordering::Equal)
+        });
+        match best {
+            Some(s) => {
+                s.seconds * work(head_dim as f64, n_head as f64, tokens as f64, n_kv as f64)
+                    / work(s.head_dim as f64, s.n_head as f64, s.tokens as f64, s.n_kv as f64)
+            }
+            None => 0.0,
+        }
+    }
+}
+
+/// The measured type closest to `ty` in bits per weight.
+fn nearest_type(samples: &[&MatmulSample], ty: GgmlType) -> Option<String> {
+    if samples.iter().any(|s| s.ty == ty.name()) {
+        return Some(ty.name().to_string());
+    }
+    let bpw = |t: GgmlType| t.type_size() as f64 * 8.0 / t.block_size() as f64;
+    let target = bpw(ty);
+    samples
+        .iter()
+        .filter_map(|s| GgmlType::from_name(&s.ty).map(|t| (s.ty.clone(), (bpw(t) - target).abs())))
+        .min_by(|a, b| a.1.partial_cmp(&b.1).unwrap_or(std::cmp::Ordering::Equal))
+        .map(|(n, _)| n)
+}
+
+/// Where profiles are kept: `$PIPESHARD_PROFILE_DIR`, else `profiles/` in
+/// the source tree when it exists, else the user cache.
+pub fn default_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("PIPESHARD_PROFILE_DIR") {
+        return PathBuf::from(d);
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles");
+    if repo.is_dir() {
+        return repo;
+    }
+    crate::default_model::cache_dir()
+        .map(|d| d.join("profiles"))
+        .unwrap_or_else(|_| PathBuf::from("profiles"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(device: Device, ty: &str, tokens: i64, seconds: f64) -> MatmulSample {
+        MatmulSample {
+            device,
+            ty: ty.into(),
+            k: 1024,
+            n: 1024,
+            tokens,
+            experts: None,
+            link_busy: false,
+            seconds,
+        }
+    }
+
+    fn profile() -> MachineProfile {
+        MachineProfile {
+            key: ProfileKey {
+                cpu: "test".into(),
+                gpu: None,
+                threads: 2,
+            },
+            mode: ProfileMode::Tiny,
+            measured_in_s: 0.0,
+            cpu_mem_bw: 1e10,
+            link: None,
+            gpu_memory: None,
+            matmul: vec![
+                sample(Device::Cpu, "q4_0", 1, 1e-4),
+                sample(Device::Cpu, "q4_0", 32, 1e-3),
+                sample(Device::Cpu, "f16", 1, 4e-4),
+            ],
+            attention: vec![],
+        }
+    }
+
+    #[test]
+    fn lookup_scales_by_work_and_interpolates() {
+        let p = profile();
+        let t1 = p.matmul_seconds(Device::Cpu, GgmlType::Q4_0, 1024, 1024, 1, false);
+        assert!((t1 - 1e-4).abs() < 1e-12);
+        let t2 = p.matmul_seconds(Device::Cpu, GgmlType::Q4_0, 2048, 1024, 1, false);
+        assert!((t2 - 2e-4).abs() < 1e-12);
+        let mid = p.matmul_seconds(Device::Cpu, GgmlType::Q4_0, 1024, 1024, 16, false);
+        assert!(mid > 1e-4 && mid < 1e-3, "{mid}");
+        let beyond = p.matmul_seconds(Device::Cpu, GgmlType::Q4_0, 1024, 1024, 64, false);
+        assert!((beyond - 2e-3).abs() < 1e-9, "{beyond}");
+        // Q4_1 is closest to Q4_0 in bits per weight.
+        let q41 = p.matmul_seconds(Device::Cpu, GgmlType::Q4_1, 1024, 1024, 1, false);
+        assert!((q41 - 1e-4).abs() < 1e-12);
+        assert!(p
+            .matmul_seconds(Device::Gpu, GgmlType::Q4_0, 1, 1, 1, false)
+            .is_infinite());
+    }
+
+    #[test]
+    fn profiles_round_trip_through_yaml() {
+        let p = profile();
+        let dir = std::env::temp_dir().join(format!("pipeshard-profile-{}", std::process::id()));
+        let path = dir.join(p.key.file_name());
+        p.save(&path).unwrap();
+        assert_eq!(MachineProfile::load(&path).unwrap(), p);
+        assert_eq!(MachineProfile::load_matching(&dir, &p.key), Some(p));
+        std::fs::write(&path, "not: [a, profile").unwrap();
+        assert!(matches!(MachineProfile::load(&path), Err(ProfileError::Parse { .. })));
+    }
+}

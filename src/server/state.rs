@@ -1,0 +1,179 @@
+//! Server state: the configuration, counters, and — once loading is done —
+//! the model, the slot worker, the embedder and the chat template.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, OnceLock};
+
+use crate::engine::{self, ffi, ContextParams, Model, ModelParams};
+
+use super::chat_template::ChatTemplate;
+use super::config::ServerConfig;
+use super::embedding::Embedder;
+use super::error::{ApiError, ServerError};
+use super::metrics::Metrics;
+use super::scheduler::{self, SchedulerHandle};
+
+/// What exists once the model is loaded.
+pub struct Ready {
+    pub model: Arc<Model>,
+    pub scheduler: SchedulerHandle,
+    pub embedder: Option<Embedder>,
+    /// `Err` holds why chat requests cannot be served.
+    pub template: Result<ChatTemplate, String>,
+    /// The id reported in `/v1/models` and responses.
+    pub model_id: String,
+    /// Unix time the model was loaded.
+    pub created: u64,
+}
+
+/// Shared by every request handler.
+pub struct AppState {
+    pub config: ServerConfig,
+    pub metrics: Arc<Metrics>,
+    ready: OnceLock<Ready>,
+}
+
+impl AppState {
+    /// State for a server whose model is still loading.
+    pub fn new(config: ServerConfig) -> Self {
+        let metrics = Arc::new(Metrics::default());
+        metrics
+            .vram_budget_bytes
+            .store(config.vram_budget.unwrap_or(0), Relaxed);
+        AppState {
+            config,
+            metrics,
+            ready: OnceLock::new(),
+        }
+    }
+
+    /// The loaded model and workers, or 503 while loading.
+    pub fn ready(&self) -> Result<&Ready, ApiError> {
+        self.ready.get().ok_or_else(ApiError::loading)
+    }
+
+    /// Whether loading has finished.
+    pub fn is_ready(&self) -> bool {
+        self.ready.get().is_some()
+    }
+
+    pub(crate) fn set_ready(&self, r: Ready) {
+        let _ = self.ready.set(r);
+    }
+}
+
+fn kv_type(name: &str) -> Option<ffi::ggml_type> {
+    Some(match name {
+        "f32" => ffi::GGML_TYPE_F32,
+        "f16" => ffi::GGML_TYPE_F16,
+        "bf16" => ffi::GGML_TYPE_BF16,
+        "q8_0" => ffi::GGML_TYPE_Q8_0,
+        "q4_0" => ffi::GGML_TYPE_Q4_0,
+        "q4_1" => ffi::GGML_TYPE_Q4_1,
+        "iq4_nl" => ffi::GGML_TYPE_IQ4_NL,
+        "q5_0" => ffi::GGML_TYPE_Q5_0,
+        "q5_1" => ffi::GGML_TYPE_Q5_1,
+        _ => return None,
+    })
+}
+
+/// Load the model and start the workers (blocking; run it off the async runtime).
+pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, ServerError> {
+    let err = |e: &dyn std::fmt::Display| ServerError::Load(e.to_string());
+    let path = match &config.model {
+        Some(p) => p.clone(),
+        None => crate::default_model::ensure().map_err(|e| err(&e))?,
+    };
+    engine::init(config.backend_dir.as_deref()).map_err(|e| err(&e))?;
+    if config.mmproj.is_some() {
+        tracing::warn!("--mmproj: vision support has not landed in pipeshard yet; image requests will be refused");
+    }
+    let mut overrides = Vec::new();
+    for (pat, buft) in &config.tensor_overrides {
+        let b = engine::buffer_types()
+            .into_iter()
+            .find(|b| b.name().eq_ignore_ascii_case(buft))
+            .ok_or_else(|| ServerError::Load(format!("unknown buffer type {buft:?} in -ot {pat}={buft}")))?;
+        overrides.push((pat.clone(), b));
+    }
+    tracing::info!("loading model {}", path.display());
+    let model = Model::load(
+        &path,
+        ModelParams {
+            n_gpu_layers: config.n_gpu_layers,
+            use_mmap: config.use_mmap,
+            tensor_overrides: overrides,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| err(&e))?;
+    let model = Arc::new(model);
+    let n_parallel = config.n_parallel.max(1);
+    let cparams = ContextParams {
+        n_ctx: config.n_ctx,
+        n_batch: config.n_batch,
+        n_ubatch: config.n_ubatch,
+        n_seq_max: n_parallel,
+        n_threads: config.threads,
+        n_threads_batch: config.threads_batch.or(config.threads),
+        flash_attention: config.flash_attention,
+        embeddings: false,
+        offload_kqv: config.kv_offload,
+        op_offload: config.op_offload,
+        type_k: config.cache_type_k.as_deref().and_then(kv_type),
+        type_v: config.cache_type_v.as_deref().and_then(kv_type),
+        kv_unified: config.kv_unified,
+        ..Default::default()
+    };
+    let (scheduler, mem) = scheduler::spawn(model.clone(), cparams.clone(), metrics.clone()).map_err(|e| err(&e))?;
+    let vram: u64 = mem.iter().filter(|m| !m.is_host).map(|m| m.total()).sum();
+    let embedder = if config.embeddings {
+        let n = scheduler.n_ctx_slot.max(64);
+        let e = Embedder::spawn(
+            model.clone(),
+            ContextParams {
+                n_ctx: n,
+                n_batch: n,
+                n_ubatch: n,
+                n_seq_max: 1,
+                ..cparams
+            },
+        )
+        .map_err(|e| err(&e))?;
+        Some(e)
+    } else {
+        None
+    };
+    metrics.vram_used_bytes.store(vram, Relaxed);
+    let template =
+        ChatTemplate::select(&model, config.chat_template.as_deref(), config.jinja).map_err(|e| e.to_string());
+    match &template {
+        Ok(t) => tracing::info!(
+            "chat template: {}",
+            if t.is_jinja() { "jinja" } else { "llama.cpp built-in" }
+        ),
+        Err(e) => tracing::warn!("chat requests will fail: {e}"),
+    }
+    let model_id = config
+        .alias
+        .first()
+        .cloned()
+        .unwrap_or_else(|| path.display().to_string());
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    tracing::info!(
+        "model loaded: {} ({} slots, {} tokens of context each)",
+        model.description(),
+        scheduler.n_parallel,
+        scheduler.n_ctx_slot
+    );
+    Ok(Ready {
+        model,
+        scheduler,
+        embedder,
+        template,
+        model_id,
+        created,
+    })
+}
