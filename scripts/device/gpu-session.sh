@@ -46,5 +46,39 @@ bench() {
     $P bench -m "$W/r2.gguf" --vram-budget 4GiB -p 4096 -n 64 -r 2 -t 16 --profile "$RES/profile.yaml" -o "$RES/r2" 2>&1 | tee "$RES/bench-r2.log"
 }
 
+# Issue-6 comparison: R1 at 2/4/6/8 GiB, R2 at 4/8/12 GiB, in two calls.
+prepare() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
+    [[ -f dist/lib/libggml-cuda.so ]] || ( time bash dist/build-cuda.sh dist 90 --native-cpu ) > "$RES/build-cuda.log" 2>&1
+    [[ -f $W/r1.gguf ]] || $P synth --arch llama3.1-8b --quant q4_0 -o "$W/r1.gguf"
+    [[ -f $W/r2.gguf ]] || $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf"
+    [[ -f $RES/profile.yaml ]] || $P profile --mode fast -t 16 -o "$RES/profile.yaml"
+}
+
+bench_set() { # NAME MODEL BUDGETS
+    $P bench -m "$W/$2.gguf" --vram-budget "$3" -p 4096 -n 64 -r 2 -t 16 --profile "$RES/profile.yaml" \
+        -o "$RES/$1" 2>&1 | tee "$RES/$1.log"
+}
+
+full1() { prepare; bench_set r1-a r1 2GiB,4GiB; }
+full2() { bench_set r1-b r1 6GiB,8GiB; bench_set r2 r2 4GiB,8GiB,12GiB; }
+r2only() { prepare; bench_set r2 r2 4GiB; }
+
+bench_policies() { # NAME MODEL BUDGETS POLICIES
+    $P bench -m "$W/$2.gguf" --vram-budget "$3" --policies "$4" -p 4096 -n 64 -r 2 -t 16 \
+        --profile "$RES/profile.yaml" -o "$RES/$1" 2>&1 | tee "$RES/$1.log"
+}
+
+# After the profile and planner fixes: the reference cases with every
+# policy, and pipeshard alone at the other budgets.
+final() {
+    prepare
+    bench_policies r1-ref r1 2GiB pipeshard,fit,ngl,attn-gpu
+    bench_policies r2-ref r2 4GiB pipeshard,fit,ngl,attn-gpu
+    bench_policies r1-budgets r1 4GiB,6GiB,8GiB pipeshard
+    bench_policies r2-budgets r2 8GiB,12GiB pipeshard
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results

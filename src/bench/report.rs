@@ -14,11 +14,17 @@ pub struct BenchRow {
     pub policy: Policy,
     pub budget: u64,
     pub setting: String,
+    #[serde(deserialize_with = "nan_if_null")]
     pub ttft_s: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub ttft_min_s: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub ttft_max_s: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub decode_tok_s: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub decode_min: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub decode_max: f64,
     pub peak_vram: u64,
     pub peak_rss: u64,
@@ -26,6 +32,11 @@ pub struct BenchRow {
     pub predicted_ttft_s: Option<f64>,
     pub predicted_decode_tok_s: Option<f64>,
     pub error: Option<String>,
+}
+
+/// Failed rows carry NaN timings, which JSON writes as null; read them back as NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -58,7 +69,7 @@ impl BenchRow {
             decode_max: d.iter().cloned().fold(0.0, f64::max),
             peak_vram: r.peak_vram,
             peak_rss: r.peak_rss,
-            over_budget: r.over_budget,
+            over_budget: r.over_budget || r.peak_vram > r.budget,
             predicted_ttft_s: r.predicted.map(|p| p.ttft_s),
             predicted_decode_tok_s: r.predicted.map(|p| p.decode_tok_s),
             error: None,
@@ -121,7 +132,7 @@ pub fn write_reports(dir: &Path, title: &str, command: &str, machine: &str, rows
             "{:?},{},\"{}\",{:.4},{:.4},{:.4},{:.2},{:.2},{:.2},{},{},{},{},{},\"{}\"",
             r.policy,
             r.budget,
-            r.setting.replace('"', "'"),
+            r.setting.replace('"', "'").replace('\n', " "),
             r.ttft_s,
             r.ttft_min_s,
             r.ttft_max_s,
@@ -133,7 +144,7 @@ pub fn write_reports(dir: &Path, title: &str, command: &str, machine: &str, rows
             r.over_budget,
             r.predicted_ttft_s.map_or(String::new(), |v| format!("{v:.4}")),
             r.predicted_decode_tok_s.map_or(String::new(), |v| format!("{v:.2}")),
-            r.error.clone().unwrap_or_default().replace('"', "'")
+            r.error.clone().unwrap_or_default().replace('"', "'").replace('\n', " ")
         );
     }
     std::fs::write(dir.join("bench.csv"), csv)?;

@@ -63,9 +63,33 @@ fn init_tracing(verbose: u8) {
         .init();
 }
 
+/// llama.cpp's multi-letter short flags, spelled as our long ones.
+const LLAMA_SHORT_FLAGS: &[(&str, &str)] = &[
+    ("-ngl", "--n-gpu-layers"),
+    ("-ub", "--ubatch-size"),
+    ("-fa", "--flash-attn"),
+    ("-np", "--parallel"),
+];
+
+/// Accept `-ngl 99` and `-ngl=99` as llama.cpp users type them.
+fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
+    args.map(|a| {
+        for (short, long) in LLAMA_SHORT_FLAGS {
+            if a == *short {
+                return long.to_string();
+            }
+            if let Some(v) = a.strip_prefix(&format!("{short}=")) {
+                return format!("{long}={v}");
+            }
+        }
+        a
+    })
+    .collect()
+}
+
 /// Parse the command line, run it, and map errors to exit code 1.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(normalize_args(std::env::args()));
     init_tracing(cli.global.verbose);
     let result = match cli.command {
         Command::Run(args) => run::run(&cli.global, args),

@@ -6,7 +6,7 @@ use anyhow::{Context as _, Result};
 
 use pipeshard::engine;
 use pipeshard::plan::{self, Format, PlanRequest, Streaming, Workload};
-use pipeshard::profile::{self, MachineProfile, ProfileKey, ProfileMode};
+use pipeshard::profile::{self, MachineProfile, ProfileMode};
 use pipeshard::progress;
 
 use super::GlobalArgs;
@@ -47,24 +47,15 @@ impl BudgetArgs {
 }
 
 /// Load the profile named on the command line, or the one matching this
-/// machine, measuring it (fast mode) when none exists.
+/// machine, measuring it (fast mode, with a progress bar) when none exists.
 pub fn resolve_profile(args: &BudgetArgs, threads: i32) -> Result<MachineProfile> {
-    if let Some(p) = &args.profile {
-        return MachineProfile::load(p).with_context(|| format!("reading the profile {}", p.display()));
-    }
-    let dir = profile::default_dir();
-    let key = ProfileKey::current(threads);
-    if let Some(p) = MachineProfile::load_matching(&dir, &key) {
-        tracing::info!("using the profile {}", dir.join(key.file_name()).display());
-        return Ok(p);
-    }
-    tracing::info!("no profile for this machine yet; measuring one (fast mode)");
-    let p = measure_with_bar(ProfileMode::Fast, threads)?;
-    let path = dir.join(key.file_name());
-    if let Err(e) = p.save(&path) {
-        tracing::warn!("could not save the profile to {}: {e}", path.display());
-    }
-    Ok(p)
+    let bar = progress::steps_bar(1, "profiling");
+    let p = plan::runtime::machine_profile(args.profile.as_deref(), threads, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    Ok(p?)
 }
 
 fn measure_with_bar(mode: ProfileMode, threads: i32) -> Result<MachineProfile> {
@@ -77,10 +68,40 @@ fn measure_with_bar(mode: ProfileMode, threads: i32) -> Result<MachineProfile> {
     Ok(p)
 }
 
+/// The plan for `model` from `--plan` or `--vram-budget`, applied; None
+/// when neither is given (upstream placement, as llama.cpp does it).
+pub fn plan_for_model(
+    args: &BudgetArgs,
+    model: &std::path::Path,
+    n_ctx: u64,
+    threads: i32,
+) -> Result<Option<(plan::Plan, plan::apply::Applied)>> {
+    let source = plan::runtime::PlanSource {
+        plan_file: args.plan.clone(),
+        budget: args.budget_bytes()?,
+        profile: args.profile.clone(),
+        overlapped: args.overlapped,
+    };
+    let bar = progress::steps_bar(1, "profiling");
+    let r = plan::runtime::plan_for_model(&source, model, n_ctx, threads, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    Ok(r?)
+}
+
 #[derive(clap::Args)]
 pub struct PlanArgs {
-    #[arg(short = 'm', long = "model")]
-    pub model: PathBuf,
+    /// The GGUF model to plan.
+    #[arg(short = 'm', long = "model", required_unless_present = "arch")]
+    pub model: Option<PathBuf>,
+    /// Plan a `pipeshard synth` preset instead, before having the model (e.g. qwen3-30b-a3b).
+    #[arg(long = "arch", conflicts_with = "model")]
+    pub arch: Option<String>,
+    /// Weight scheme of --arch: q4_0, q8_0, q4_k_m or f16.
+    #[arg(long = "quant", default_value = "q4_0", requires = "arch")]
+    pub quant: String,
     #[command(flatten)]
     pub budget: BudgetArgs,
     /// Context size in tokens.
@@ -128,8 +149,19 @@ pub fn make_request(
 }
 
 pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
-    let (_, info) =
-        pipeshard::gguf::inspect(&args.model).with_context(|| format!("reading {}", args.model.display()))?;
+    let info = match (&args.model, &args.arch) {
+        (Some(m), _) => {
+            pipeshard::gguf::inspect(m)
+                .with_context(|| format!("reading {}", m.display()))?
+                .1
+        }
+        (None, Some(arch)) => {
+            let quant = pipeshard::synth::Quant::from_name(&args.quant)
+                .with_context(|| format!("unknown --quant {:?} (use q4_0, q8_0, q4_k_m or f16)", args.quant))?;
+            pipeshard::synth::model_info(arch, quant)?
+        }
+        (None, None) => anyhow::bail!("pass -m MODEL or --arch PRESET"),
+    };
     engine::init(global.backend_dir.as_deref())?;
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     let budget = args.budget.budget_bytes()?.context("--vram-budget is required")?;

@@ -12,6 +12,7 @@ use pipeshard::engine::{
 use pipeshard::generate::{generate, GenerateRequest};
 use pipeshard::{default_model, progress};
 
+use super::plan::{plan_for_model, BudgetArgs};
 use super::GlobalArgs;
 
 #[derive(clap::Args)]
@@ -69,6 +70,8 @@ pub struct RunArgs {
     /// Print the timings as JSON on stderr.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
 }
 
 pub fn parse_flash_attn(s: &str) -> Result<FlashAttention> {
@@ -88,34 +91,68 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
     };
     engine::init(global.backend_dir.as_deref()).context("initialising llama.cpp")?;
 
+    let threads = args.threads.unwrap_or_else(engine::default_threads);
+    let mut model_params = ModelParams {
+        n_gpu_layers: args.n_gpu_layers,
+        ..Default::default()
+    };
+    let mut ctx_params = ContextParams {
+        n_ctx: args.ctx_size,
+        n_batch: args.batch_size,
+        n_ubatch: args.ubatch_size,
+        n_threads: Some(threads),
+        n_threads_batch: Some(threads),
+        flash_attention: fa,
+        ..Default::default()
+    };
+    let plan = plan_for_model(&args.budget, &model_path, args.ctx_size as u64, threads)?;
+    if let Some((plan, applied)) = &plan {
+        eprintln!(
+            "plan: ubatch {}, {} resident, KV {}/{} layers on GPU, VRAM {} of {}; predicted TTFT {:.3} s and {:.1} tok/s for {}+{} tokens",
+            plan.ubatch,
+            pipeshard::plan::fmt_bytes(plan.resident_bytes()),
+            plan.kv_gpu_layers,
+            plan.n_layer,
+            pipeshard::plan::fmt_bytes(plan.vram.total),
+            pipeshard::plan::fmt_bytes(plan.vram.budget),
+            plan.predicted.ttft_s,
+            plan.predicted.decode_tok_s,
+            plan.workload.prompt_tokens,
+            plan.workload.gen_tokens
+        );
+        model_params.n_gpu_layers = applied.n_gpu_layers;
+        model_params.use_mmap = applied.use_mmap;
+        model_params.placement = Some(applied.placement.clone());
+        ctx_params.n_ubatch = applied.n_ubatch;
+        ctx_params.n_batch = ctx_params.n_batch.max(applied.n_ubatch);
+        ctx_params.offload = Some(applied.offload.clone());
+    }
+
     let t_load = Instant::now();
     let bar = progress::fraction_bar("loading");
-    let model = Model::load(
-        &model_path,
-        ModelParams {
-            n_gpu_layers: args.n_gpu_layers,
-            progress: Some(Box::new(|p| {
-                bar.set_position((p * 1000.0) as u64);
-                true
-            })),
-            ..Default::default()
-        },
-    )
-    .with_context(|| format!("loading {}", model_path.display()))?;
+    let load_bar = bar.clone();
+    model_params.progress = Some(Box::new(move |p| {
+        load_bar.set_position((p * 1000.0) as u64);
+        true
+    }));
+    let model = Model::load(&model_path, model_params).with_context(|| format!("loading {}", model_path.display()))?;
     bar.finish_and_clear();
-    let mut ctx = Context::new(
-        &model,
-        ContextParams {
-            n_ctx: args.ctx_size,
-            n_batch: args.batch_size,
-            n_ubatch: args.ubatch_size,
-            n_threads: args.threads,
-            n_threads_batch: args.threads,
-            flash_attention: fa,
-            ..Default::default()
-        },
-    )
-    .context("creating the context")?;
+    let mut ctx = Context::new(&model, ctx_params).context("creating the context")?;
+    if let Some((plan, _)) = &plan {
+        let used: u64 = ctx
+            .memory_breakdown()
+            .iter()
+            .filter(|m| !m.is_host)
+            .map(|m| m.total())
+            .sum();
+        if used > plan.vram.budget {
+            anyhow::bail!(
+                "the loaded plan uses {} of device memory, over the budget of {}",
+                pipeshard::plan::fmt_bytes(used),
+                pipeshard::plan::fmt_bytes(plan.vram.budget)
+            );
+        }
+    }
     let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
 
     let prompt_text = if args.chat {

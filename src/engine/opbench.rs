@@ -88,14 +88,19 @@ fn new_ctx(n_tensors: usize) -> Result<NonNull<ffi::ggml_context>> {
     }
 }
 
-/// Fill a tensor with small random values, quantized to its type.
+/// Fill a tensor with small random values, quantized to its type. A block
+/// of up to 1 Mi random values is converted once and tiled over the tensor:
+/// speed does not depend on the values, and generating hundreds of millions
+/// of them would dominate the profile's run time.
 fn fill_random(t: *mut ffi::ggml_tensor, seed: u64) {
-    // SAFETY: t is an allocated tensor; we write exactly ggml_nbytes(t) bytes.
+    // SAFETY: t is an allocated tensor; we write exactly ggml_nbytes(t) bytes,
+    // converting whole rows so that the tiled pattern stays row-aligned.
     unsafe {
         let ty = (*t).type_;
         let ne0 = (*t).ne[0];
         let nrows = ffi::ggml_nrows(t);
-        let n = (ne0 * nrows) as usize;
+        let rows = nrows.min(((1i64 << 20) / ne0.max(1)).max(1));
+        let n = (ne0 * rows) as usize;
         let mut s = seed | 1;
         let src: Vec<f32> = (0..n)
             .map(|_| {
@@ -105,28 +110,37 @@ fn fill_random(t: *mut ffi::ggml_tensor, seed: u64) {
                 ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
             })
             .collect();
-        let nbytes = ffi::ggml_nbytes(t);
-        let mut dst = vec![0u8; nbytes];
+        let row_bytes = ffi::ggml_row_size(ty, ne0);
+        let block_len = row_bytes * rows as usize;
+        let mut block = vec![0u8; block_len];
         match ty {
-            ffi::GGML_TYPE_F32 => dst.copy_from_slice(std::slice::from_raw_parts(src.as_ptr() as *const u8, nbytes)),
+            ffi::GGML_TYPE_F32 => {
+                block.copy_from_slice(std::slice::from_raw_parts(src.as_ptr() as *const u8, block_len))
+            }
             ffi::GGML_TYPE_F16 => {
                 let mut h = vec![0u16; n];
                 ffi::ggml_fp32_to_fp16_row(src.as_ptr(), h.as_mut_ptr() as *mut ffi::ggml_fp16_t, n as i64);
-                dst.copy_from_slice(std::slice::from_raw_parts(h.as_ptr() as *const u8, nbytes));
+                block.copy_from_slice(std::slice::from_raw_parts(h.as_ptr() as *const u8, block_len));
             }
             _ => {
                 ffi::ggml_quantize_chunk(
                     ty,
                     src.as_ptr(),
-                    dst.as_mut_ptr() as *mut c_void,
+                    block.as_mut_ptr() as *mut c_void,
                     0,
-                    nrows,
+                    rows,
                     ne0,
                     std::ptr::null(),
                 );
             }
         }
-        ffi::ggml_backend_tensor_set(t, dst.as_ptr() as *const c_void, 0, nbytes);
+        let nbytes = ffi::ggml_nbytes(t);
+        let mut off = 0usize;
+        while off < nbytes {
+            let len = block.len().min(nbytes - off);
+            ffi::ggml_backend_tensor_set(t, block.as_ptr() as *const c_void, off, len);
+            off += len;
+        }
     }
 }
 

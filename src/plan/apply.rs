@@ -77,7 +77,13 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
     Ok(Applied {
         placement,
         offload,
-        n_gpu_layers: plan.kv_gpu_layers as i32,
+        // With every layer's KV on the GPU, offload the output layer too
+        // (llama.cpp counts it as one more layer), so output_norm is there.
+        n_gpu_layers: if plan.kv_gpu_layers >= plan.n_layer {
+            plan.n_layer as i32 + 1
+        } else {
+            plan.kv_gpu_layers as i32
+        },
         use_mmap: !plan.pinned,
         n_ubatch: plan.ubatch,
     })

@@ -29,7 +29,9 @@ impl Evaluator {
     /// Precompute op times for ubatch `u` with the KV cache of the last
     /// `kv_layers` layers on the GPU.
     pub fn new(model: &ModelInfo, cm: &CostModel<'_>, workload: Workload, u: u32, kv_layers: u32) -> Evaluator {
-        let tensors: Vec<usize> = (0..model.tensors.len()).filter(|&i| is_placeable(&model.tensors[i])).collect();
+        let tensors: Vec<usize> = (0..model.tensors.len())
+            .filter(|&i| is_placeable(&model.tensors[i]))
+            .collect();
         let p = workload.prompt_tokens;
         let u64_ = u as u64;
         let full = p / u64_;
@@ -46,7 +48,10 @@ impl Evaluator {
         let kv_gpu_from = model.n_layer - kv_layers;
         // A ubatch smaller than u runs with tier u's decisions (the first tier
         // at or above its size), so the partial chunk reuses them.
-        let exec_u: Vec<Exec> = tensors.iter().map(|&i| cm.best_host_exec(&model.tensors[i], u64_).0).collect();
+        let exec_u: Vec<Exec> = tensors
+            .iter()
+            .map(|&i| cm.best_host_exec(&model.tensors[i], u64_).0)
+            .collect();
         let times = sizes
             .iter()
             .map(|&(n, _)| {
@@ -172,7 +177,11 @@ impl Evaluator {
             }
         }
         let p = self.workload.prompt_tokens as f64;
-        Prediction { ttft_s: ttft, prompt_tok_s: p / ttft.max(1e-12), decode_tok_s: 1.0 / decode.max(1e-12) }
+        Prediction {
+            ttft_s: ttft,
+            prompt_tok_s: p / ttft.max(1e-12),
+            decode_tok_s: 1.0 / decode.max(1e-12),
+        }
     }
 
     /// The optimizer's objective: seconds for the whole workload.
@@ -183,7 +192,11 @@ impl Evaluator {
     /// Seconds saved over the workload by making tensor `k` resident, ignoring
     /// device switches (used to order candidates).
     pub fn saving(&self, k: usize) -> f64 {
-        self.sizes.iter().enumerate().map(|(si, &(_, count))| count * (self.times[si][k].2 - self.times[si][k].0)).sum()
+        self.sizes
+            .iter()
+            .enumerate()
+            .map(|(si, &(_, count))| count * (self.times[si][k].2 - self.times[si][k].0))
+            .sum()
     }
 
     /// Tiers of this configuration, ascending.
@@ -210,7 +223,11 @@ pub fn predict(model: &ModelInfo, cm: &CostModel<'_>, plan: &Plan) -> Prediction
     let resident: Vec<bool> = ev
         .tensors
         .iter()
-        .map(|&i| plan.tensors.iter().any(|t| t.name == model.tensors[i].name && t.resident))
+        .map(|&i| {
+            plan.tensors
+                .iter()
+                .any(|t| t.name == model.tensors[i].name && t.resident)
+        })
         .collect();
     ev.evaluate(&resident)
 }

@@ -14,6 +14,7 @@ pub mod cost;
 mod evaluate;
 mod optimizer;
 mod report;
+pub mod runtime;
 
 pub use cost::{CostModel, Exec, Overheads, Streaming};
 pub use evaluate::{predict, Evaluator};
@@ -225,7 +226,16 @@ pub(crate) fn compute_bytes(model: &ModelInfo, u: u64, streamed_layer_bytes: u64
     let n_head_kv = model.n_head_kv.iter().copied().max().unwrap_or(0) as u64;
     let qkv = (n_head + 2 * n_head_kv) * model.head_dim_k;
     let act = u * 4 * (6 * model.n_embd + 3 * n_ff + qkv);
+    // Expert matmuls hold per-(token, expert) rows: the routed inputs and
+    // outputs in the compute buffer, and gathered copies in ggml-cuda's pool.
+    // The factor is calibrated on the H200 measurements in
+    // bench/results/h200-foundation (R2 at ubatch 4096 peaked ~1.6 GiB above
+    // an estimate without this term); a dry-run measurement replaces it later.
+    let moe = if model.n_expert > 0 {
+        u * 4 * model.n_expert_used as u64 * 5 * (model.n_embd + model.n_ff_exp.unwrap_or(0))
+    } else {
+        0
+    };
     let logits = model.n_vocab.unwrap_or(0) * 4;
-    act + logits + streamed_layer_bytes + (32 << 20)
+    act + moe + logits + streamed_layer_bytes + (32 << 20)
 }
-

@@ -16,12 +16,20 @@ use crate::profile::MachineProfile;
 /// Make the best plan for `model` on the machine described by `profile`.
 pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest) -> Result<Plan, PlanError> {
     if req.n_ctx == 0 || req.workload.prompt_tokens == 0 {
-        return Err(PlanError::Invalid("n_ctx and the prompt length must be positive".into()));
+        return Err(PlanError::Invalid(
+            "n_ctx and the prompt length must be positive".into(),
+        ));
     }
     if !profile.has_gpu() {
         return Err(PlanError::NoGpuProfile);
     }
-    let cm = CostModel { model, profile, streaming: req.streaming, pinned: req.pinned, overheads: req.overheads };
+    let cm = CostModel {
+        model,
+        profile,
+        streaming: req.streaming,
+        pinned: req.pinned,
+        overheads: req.overheads,
+    };
     // Norms, biases and other small tensors stay resident with their layer.
     let small_bytes: u64 = model
         .tensors
@@ -75,9 +83,11 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             order.sort_by(|&a, &b| {
                 let ra = ev.saving(a) / sizes[a].max(1) as f64;
                 let rb = ev.saving(b) / sizes[b].max(1) as f64;
-                rb.partial_cmp(&ra)
-                    .unwrap_or(std::cmp::Ordering::Equal)
-                    .then_with(|| model.tensors[ev.tensors[a]].name.cmp(&model.tensors[ev.tensors[b]].name))
+                rb.partial_cmp(&ra).unwrap_or(std::cmp::Ordering::Equal).then_with(|| {
+                    model.tensors[ev.tensors[a]]
+                        .name
+                        .cmp(&model.tensors[ev.tensors[b]].name)
+                })
             });
             let mut resident = vec![false; ev.tensors.len()];
             let mut used = 0u64;
@@ -143,5 +153,8 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             best = Some((cfg_best.0, plan));
         }
     }
-    best.map(|(_, p)| p).ok_or(PlanError::BudgetTooSmall { budget: req.budget, minimum })
+    best.map(|(_, p)| p).ok_or(PlanError::BudgetTooSmall {
+        budget: req.budget,
+        minimum,
+    })
 }

@@ -49,7 +49,9 @@ fn plan_for(mode: ProfileMode) -> Plan {
             types: vec![F16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K],
             cpu_tokens: vec![1, 4, 32, 256],
             gpu_tokens: vec![1, 32, 512, 2048, 4096],
-            shape: (4096, 4096),
+            // 4096 x 32768: 72 MiB at 4.5 bits, larger than the caches, so
+            // small batches measure memory, not cache, bandwidth.
+            shape: (4096, 32768),
             expert_shape: (2048, 768, 128, 8),
             min_time: Duration::from_millis(30),
             attn: vec![(1, 4096), (512, 4096), (4096, 4096)],
@@ -59,7 +61,9 @@ fn plan_for(mode: ProfileMode) -> Plan {
             types: vec![F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS],
             cpu_tokens: vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
             gpu_tokens: vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
-            shape: (4096, 4096),
+            // 4096 x 32768: 72 MiB at 4.5 bits, larger than the caches, so
+            // small batches measure memory, not cache, bandwidth.
+            shape: (4096, 32768),
             expert_shape: (2048, 768, 128, 8),
             min_time: Duration::from_millis(100),
             attn: vec![
@@ -101,6 +105,97 @@ fn cpu_memory_bandwidth(threads: usize, bytes: usize, min_time: Duration) -> f64
     (words * 8 * reps) as f64 / t0.elapsed().as_secs_f64()
 }
 
+/// One device's share of the measurements.
+struct Sweep<'a> {
+    plan: &'a Plan,
+    device: Device,
+    backend: &'a Backend,
+}
+
+impl Sweep<'_> {
+    /// Dense matmuls of every planned type at each batch size.
+    fn dense(
+        &self,
+        tokens: &[i64],
+        types: &[GgmlType],
+        link_busy: bool,
+        out: &mut Vec<MatmulSample>,
+        step: &mut dyn FnMut(),
+    ) -> Result<(), ProfileError> {
+        let (k, n) = self.plan.shape;
+        for &ty in types {
+            for &t in tokens {
+                let seconds =
+                    opbench::time_mul_mat(self.backend, ty.id() as ffi::ggml_type, k, n, t, self.plan.min_time)?;
+                out.push(MatmulSample {
+                    device: self.device,
+                    ty: ty.name().into(),
+                    k,
+                    n,
+                    tokens: t,
+                    experts: None,
+                    link_busy,
+                    seconds,
+                });
+                step();
+            }
+        }
+        Ok(())
+    }
+
+    /// Q4_0 expert matmuls (MUL_MAT_ID) at each batch size.
+    fn experts(&self, tokens: &[i64], out: &mut Vec<MatmulSample>, step: &mut dyn FnMut()) -> Result<(), ProfileError> {
+        let (k, n, e, u) = self.plan.expert_shape;
+        for &t in tokens {
+            let seconds = opbench::time_mul_mat_id(
+                self.backend,
+                GgmlType::Q4_0.id() as ffi::ggml_type,
+                k,
+                n,
+                (e, u),
+                t,
+                self.plan.min_time,
+            )?;
+            out.push(MatmulSample {
+                device: self.device,
+                ty: "q4_0".into(),
+                k,
+                n,
+                tokens: t,
+                experts: Some((e, u)),
+                link_busy: false,
+                seconds,
+            });
+            step();
+        }
+        Ok(())
+    }
+
+    /// Flash attention (head dim 128, 32 query and 8 KV heads), queries capped at `max_tokens`.
+    fn attention(
+        &self,
+        max_tokens: i64,
+        out: &mut Vec<AttnSample>,
+        step: &mut dyn FnMut(),
+    ) -> Result<(), ProfileError> {
+        for &(t, kv) in &self.plan.attn {
+            let t = t.min(max_tokens);
+            let seconds = opbench::time_flash_attn(self.backend, 128, 32, 8, t, kv, self.plan.min_time)?;
+            out.push(AttnSample {
+                device: self.device,
+                head_dim: 128,
+                n_head: 32,
+                n_head_kv: 8,
+                tokens: t,
+                n_kv: kv,
+                seconds,
+            });
+            step();
+        }
+        Ok(())
+    }
+}
+
 /// Measure this machine. `progress` gets (done, total) steps.
 pub fn measure(
     mode: ProfileMode,
@@ -112,8 +207,6 @@ pub fn measure(
     let cpu_index = devices.iter().find(|d| d.kind == DeviceKind::Cpu).map(|d| d.index);
     let gpu = devices.iter().find(|d| d.kind == DeviceKind::Gpu).cloned();
     let plan = plan_for(mode);
-    let (k, n) = plan.shape;
-    let (ek, en, ee, eu) = plan.expert_shape;
 
     let n_types = plan.types.len() as u64;
     let gpu_steps = if gpu.is_some() {
@@ -139,61 +232,22 @@ pub fn measure(
 
     let mut matmul = Vec::new();
     let mut attention = Vec::new();
+    let mut tick = || step(&mut progress);
     if let Some(ci) = cpu_index {
         let mut cpu = Backend::open(ci)?;
         cpu.set_threads(threads);
-        for &ty in &plan.types {
-            for &t in &plan.cpu_tokens {
-                let s = opbench::time_mul_mat(&cpu, ty.id() as ffi::ggml_type, k, n, t, plan.min_time)?;
-                matmul.push(MatmulSample {
-                    device: Device::Cpu,
-                    ty: ty.name().into(),
-                    k,
-                    n,
-                    tokens: t,
-                    experts: None,
-                    link_busy: false,
-                    seconds: s,
-                });
-                step(&mut progress);
-            }
-        }
-        for &t in &[1i64, 16] {
-            let s = opbench::time_mul_mat_id(
-                &cpu,
-                GgmlType::Q4_0.id() as ffi::ggml_type,
-                ek,
-                en,
-                (ee, eu),
-                t,
-                plan.min_time,
-            )?;
-            matmul.push(MatmulSample {
-                device: Device::Cpu,
-                ty: "q4_0".into(),
-                k: ek,
-                n: en,
-                tokens: t,
-                experts: Some((ee, eu)),
-                link_busy: false,
-                seconds: s,
-            });
-            step(&mut progress);
-        }
-        for &(t, kv) in &plan.attn {
-            let t_cpu = t.min(if mode == ProfileMode::Tiny { 1 } else { 64 });
-            let s = opbench::time_flash_attn(&cpu, 128, 32, 8, t_cpu, kv, plan.min_time)?;
-            attention.push(AttnSample {
-                device: Device::Cpu,
-                head_dim: 128,
-                n_head: 32,
-                n_head_kv: 8,
-                tokens: t_cpu,
-                n_kv: kv,
-                seconds: s,
-            });
-            step(&mut progress);
-        }
+        let sweep = Sweep {
+            plan: &plan,
+            device: Device::Cpu,
+            backend: &cpu,
+        };
+        sweep.dense(&plan.cpu_tokens, &plan.types, false, &mut matmul, &mut tick)?;
+        sweep.experts(&[1, 16], &mut matmul, &mut tick)?;
+        sweep.attention(
+            if mode == ProfileMode::Tiny { 1 } else { 64 },
+            &mut attention,
+            &mut tick,
+        )?;
     }
 
     let mut link = None;
@@ -202,100 +256,41 @@ pub fn measure(
         gpu_memory = Some((g.free_bytes, g.total_bytes));
         let link_bytes = if mode == ProfileMode::Tiny { 16 << 20 } else { 256 << 20 };
         link = Some(opbench::measure_link(g.index, link_bytes, plan.min_time * 4)?);
-        step(&mut progress);
+        tick();
         let gb = Backend::open(g.index)?;
-        for &ty in &plan.types {
-            for &t in &plan.gpu_tokens {
-                let s = opbench::time_mul_mat(&gb, ty.id() as ffi::ggml_type, k, n, t, plan.min_time)?;
-                matmul.push(MatmulSample {
-                    device: Device::Gpu,
-                    ty: ty.name().into(),
-                    k,
-                    n,
-                    tokens: t,
-                    experts: None,
-                    link_busy: false,
-                    seconds: s,
-                });
-                step(&mut progress);
-            }
-        }
-        for &t in &[1i64, 512, 4096] {
-            let s = opbench::time_mul_mat_id(
-                &gb,
-                GgmlType::Q4_0.id() as ffi::ggml_type,
-                ek,
-                en,
-                (ee, eu),
-                t,
-                plan.min_time,
-            )?;
-            matmul.push(MatmulSample {
-                device: Device::Gpu,
-                ty: "q4_0".into(),
-                k: ek,
-                n: en,
-                tokens: t,
-                experts: Some((ee, eu)),
-                link_busy: false,
-                seconds: s,
-            });
-            step(&mut progress);
-        }
-        for &(t, kv) in &plan.attn {
-            let s = opbench::time_flash_attn(&gb, 128, 32, 8, t, kv, plan.min_time)?;
-            attention.push(AttnSample {
-                device: Device::Gpu,
-                head_dim: 128,
-                n_head: 32,
-                n_head_kv: 8,
-                tokens: t,
-                n_kv: kv,
-                seconds: s,
-            });
-            step(&mut progress);
-        }
+        let sweep = Sweep {
+            plan: &plan,
+            device: Device::Gpu,
+            backend: &gb,
+        };
+        sweep.dense(&plan.gpu_tokens, &plan.types, false, &mut matmul, &mut tick)?;
+        sweep.experts(&[1, 512, 4096], &mut matmul, &mut tick)?;
+        sweep.attention(i64::MAX, &mut attention, &mut tick)?;
         // CPU matmuls while the link streams host-to-device copies.
-        if plan.busy {
-            if let Some(ci) = cpu_index {
-                let stop = std::sync::atomic::AtomicBool::new(false);
-                let gi = g.index;
-                std::thread::scope(|s| -> Result<(), ProfileError> {
-                    let copier = s.spawn(|| {
-                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                            if opbench::measure_link(gi, 256 << 20, Duration::from_millis(50)).is_err() {
-                                break;
-                            }
+        if let (true, Some(ci)) = (plan.busy, cpu_index) {
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let gi = g.index;
+            std::thread::scope(|s| -> Result<(), ProfileError> {
+                let copier = s.spawn(|| {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        if opbench::measure_link(gi, 256 << 20, Duration::from_millis(50)).is_err() {
+                            break;
                         }
-                    });
-                    let mut cpu = Backend::open(ci)?;
-                    cpu.set_threads(threads);
-                    let mut res = Ok(());
-                    for &t in &plan.cpu_tokens {
-                        match opbench::time_mul_mat(&cpu, GgmlType::Q4_0.id() as ffi::ggml_type, k, n, t, plan.min_time)
-                        {
-                            Ok(sec) => matmul.push(MatmulSample {
-                                device: Device::Cpu,
-                                ty: "q4_0".into(),
-                                k,
-                                n,
-                                tokens: t,
-                                experts: None,
-                                link_busy: true,
-                                seconds: sec,
-                            }),
-                            Err(e) => {
-                                res = Err(e.into());
-                                break;
-                            }
-                        }
-                        step(&mut progress);
                     }
-                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-                    let _ = copier.join();
-                    res
-                })?;
-            }
+                });
+                let res = Backend::open(ci).map_err(ProfileError::from).and_then(|mut cpu| {
+                    cpu.set_threads(threads);
+                    let sweep = Sweep {
+                        plan: &plan,
+                        device: Device::Cpu,
+                        backend: &cpu,
+                    };
+                    sweep.dense(&plan.cpu_tokens, &[GgmlType::Q4_0], true, &mut matmul, &mut tick)
+                });
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                let _ = copier.join();
+                res
+            })?;
         }
     }
 

@@ -96,23 +96,43 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
             .ok_or_else(|| ServerError::Load(format!("unknown buffer type {buft:?} in -ot {pat}={buft}")))?;
         overrides.push((pat.clone(), b));
     }
+    // pipeshard's plan, when --plan or --vram-budget is given.
+    let threads = config.threads.unwrap_or_else(engine::default_threads);
+    let source = crate::plan::runtime::PlanSource {
+        plan_file: config.plan.clone(),
+        budget: config.vram_budget,
+        profile: config.profile.clone(),
+        overlapped: false,
+    };
+    let planned = crate::plan::runtime::plan_for_model(&source, &path, config.n_ctx as u64, threads, |_, _| {})
+        .map_err(|e| err(&e))?;
+    let mut mparams = ModelParams {
+        n_gpu_layers: config.n_gpu_layers,
+        use_mmap: config.use_mmap,
+        tensor_overrides: overrides,
+        ..Default::default()
+    };
+    if let Some((plan, applied)) = &planned {
+        tracing::info!(
+            "plan: ubatch {}, {} resident, VRAM {} of {}",
+            plan.ubatch,
+            crate::plan::fmt_bytes(plan.resident_bytes()),
+            crate::plan::fmt_bytes(plan.vram.total),
+            crate::plan::fmt_bytes(plan.vram.budget)
+        );
+        mparams.n_gpu_layers = applied.n_gpu_layers;
+        mparams.use_mmap = applied.use_mmap;
+        mparams.placement = Some(applied.placement.clone());
+    }
     tracing::info!("loading model {}", path.display());
-    let model = Model::load(
-        &path,
-        ModelParams {
-            n_gpu_layers: config.n_gpu_layers,
-            use_mmap: config.use_mmap,
-            tensor_overrides: overrides,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| err(&e))?;
+    let model = Model::load(&path, mparams).map_err(|e| err(&e))?;
     let model = Arc::new(model);
     let n_parallel = config.n_parallel.max(1);
     let cparams = ContextParams {
         n_ctx: config.n_ctx,
-        n_batch: config.n_batch,
-        n_ubatch: config.n_ubatch,
+        n_batch: planned
+            .as_ref()
+            .map_or(config.n_batch, |(_, a)| config.n_batch.max(a.n_ubatch)),
         n_seq_max: n_parallel,
         n_threads: config.threads,
         n_threads_batch: config.threads_batch.or(config.threads),
@@ -123,7 +143,8 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         type_k: config.cache_type_k.as_deref().and_then(kv_type),
         type_v: config.cache_type_v.as_deref().and_then(kv_type),
         kv_unified: config.kv_unified,
-        ..Default::default()
+        n_ubatch: planned.as_ref().map_or(config.n_ubatch, |(_, a)| a.n_ubatch),
+        offload: planned.as_ref().map(|(_, a)| a.offload.clone()),
     };
     let (scheduler, mem) = scheduler::spawn(model.clone(), cparams.clone(), metrics.clone()).map_err(|e| err(&e))?;
     let vram: u64 = mem.iter().filter(|m| !m.is_host).map(|m| m.total()).sum();

@@ -608,3 +608,36 @@ mod tests {
         }
     }
 }
+
+/// Why [`model_info`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelInfoError {
+    #[error(transparent)]
+    UnknownPreset(#[from] UnknownPreset),
+    #[error("describing the preset: {0}")]
+    Write(#[from] crate::gguf::GgufWriteError),
+    #[error("describing the preset: {0}")]
+    Read(#[from] crate::gguf::GgufError),
+    #[error("describing the preset: {0}")]
+    Model(#[from] crate::gguf::ModelInfoError),
+}
+
+/// The [`ModelInfo`](crate::gguf::ModelInfo) of a preset as `synth` would write
+/// it, without writing any weights: plan a model before having it.
+pub fn model_info(preset: &str, quant: Quant) -> Result<crate::gguf::ModelInfo, ModelInfoError> {
+    let p = presets::by_name(preset)?;
+    let mut w = crate::gguf::GgufWriter::new();
+    for (k, v) in p.metadata() {
+        w.add_kv(k, v)?;
+    }
+    let mut data_end = 0u64;
+    for (name, ty, dims) in planned_tensors(&p, quant) {
+        let t = w.add_tensor(name, ty, &dims)?;
+        data_end = data_end.max(t.offset + t.nbytes);
+    }
+    let mut header = Vec::new();
+    drop(w.start(&mut header)?);
+    let size = header.len() as u64 + data_end;
+    let file = crate::gguf::GgufFile::from_reader(header.as_slice(), size, format!("<preset {preset}>"))?;
+    Ok(crate::gguf::ModelInfo::from_gguf(&file)?)
+}

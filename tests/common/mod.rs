@@ -33,3 +33,47 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("creating a scratch dir");
     dir
 }
+
+/// A tiny random-weight model written by `synth` into `dir` (2 threads, seed 0).
+pub fn synth_tiny_model(dir: &std::path::Path, preset: &str, quant: pipeshard::synth::Quant) -> PathBuf {
+    let path = dir.join(format!("{preset}-{quant}.gguf"));
+    let mut opts = pipeshard::synth::SynthOptions::new(preset, quant, &path);
+    opts.threads = 2;
+    pipeshard::synth::synth(&opts, |_, _| {}).unwrap_or_else(|e| panic!("synth {preset} {quant}: {e}"));
+    path
+}
+
+/// A machine profile with CPU measurements only (no link, no GPU samples),
+/// as `pipeshard profile` writes on a CPU-only machine.
+pub fn cpu_only_profile() -> pipeshard::profile::MachineProfile {
+    use pipeshard::profile::{Device, MachineProfile, MatmulSample, ProfileKey, ProfileMode};
+    let sample = |ty: &str, tokens: i64, seconds: f64| MatmulSample {
+        device: Device::Cpu,
+        ty: ty.into(),
+        k: 1024,
+        n: 1024,
+        tokens,
+        experts: None,
+        link_busy: false,
+        seconds,
+    };
+    MachineProfile {
+        key: ProfileKey {
+            cpu: "test cpu".into(),
+            gpu: None,
+            threads: 2,
+        },
+        mode: ProfileMode::Tiny,
+        measured_in_s: 0.1,
+        cpu_mem_bw: 1e10,
+        link: None,
+        gpu_memory: None,
+        matmul: vec![
+            sample("q4_0", 1, 1e-4),
+            sample("q4_0", 16, 1e-3),
+            sample("f16", 1, 4e-4),
+            sample("f16", 16, 2e-3),
+        ],
+        attention: vec![],
+    }
+}

@@ -1,0 +1,134 @@
+//! Getting a plan at load time, for `run`, `serve` and `bench`: from a saved
+//! plan file, or made now from a budget and this machine's profile.
+
+use std::path::{Path, PathBuf};
+
+use super::apply::{apply, Applied, ApplyError};
+use super::{make_plan, Plan, PlanError, PlanRequest, Streaming, Workload};
+use crate::engine;
+use crate::profile::{self, MachineProfile, ProfileError, ProfileKey, ProfileMode};
+
+/// Why no plan could be had.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("reading the plan {path}: {source}")]
+    PlanIo { path: PathBuf, source: std::io::Error },
+    #[error("parsing the plan {path}: {message}")]
+    PlanParse { path: PathBuf, message: String },
+    #[error("reading {path}: {source}")]
+    Model {
+        path: PathBuf,
+        source: Box<crate::gguf::InspectError>,
+    },
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
+    #[error(
+        "no GPU backend is loaded, so there is nothing to plan for (pass --profile to plan for another machine, or --backend-dir with libggml-cuda.so)"
+    )]
+    NoGpu,
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+}
+
+/// Where a plan comes from.
+#[derive(Debug, Clone, Default)]
+pub struct PlanSource {
+    /// A saved plan (YAML or JSON from `pipeshard plan`).
+    pub plan_file: Option<PathBuf>,
+    /// A VRAM budget, bytes.
+    pub budget: Option<u64>,
+    /// A profile file; default: the one matching this machine.
+    pub profile: Option<PathBuf>,
+    /// Plan for overlapped streaming.
+    pub overlapped: bool,
+}
+
+/// Read a plan saved by `pipeshard plan --format yaml|json`.
+pub fn load_plan(path: &Path) -> Result<Plan, RuntimeError> {
+    let text = std::fs::read_to_string(path).map_err(|source| RuntimeError::PlanIo {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let parsed = if text.trim_start().starts_with('{') {
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    } else {
+        serde_yaml::from_str(&text).map_err(|e| e.to_string())
+    };
+    parsed.map_err(|message| RuntimeError::PlanParse {
+        path: path.to_path_buf(),
+        message,
+    })
+}
+
+/// The profile named by `explicit`, or the one in the profile directory
+/// matching this machine, measured (fast mode) and saved when missing.
+/// `progress` gets (done, total) steps while measuring.
+pub fn machine_profile(
+    explicit: Option<&Path>,
+    threads: i32,
+    progress: impl FnMut(u64, u64),
+) -> Result<MachineProfile, RuntimeError> {
+    if let Some(p) = explicit {
+        return Ok(MachineProfile::load(p)?);
+    }
+    if !engine::has_gpu() {
+        return Err(RuntimeError::NoGpu);
+    }
+    let dir = profile::default_dir();
+    let key = ProfileKey::current(threads);
+    if let Some(p) = MachineProfile::load_matching(&dir, &key) {
+        tracing::info!("using the profile {}", dir.join(key.file_name()).display());
+        return Ok(p);
+    }
+    tracing::info!("no profile for this machine yet; measuring one (fast mode)");
+    let p = profile::measure(ProfileMode::Fast, threads, progress)?;
+    let path = dir.join(key.file_name());
+    if let Err(e) = p.save(&path) {
+        tracing::warn!("could not save the profile to {}: {e}", path.display());
+    }
+    Ok(p)
+}
+
+/// The plan for `model` with `n_ctx` tokens of context, applied; None when
+/// the source names neither a plan nor a budget (upstream placement).
+pub fn plan_for_model(
+    source: &PlanSource,
+    model: &Path,
+    n_ctx: u64,
+    threads: i32,
+    progress: impl FnMut(u64, u64),
+) -> Result<Option<(Plan, Applied)>, RuntimeError> {
+    let plan = if let Some(path) = &source.plan_file {
+        load_plan(path)?
+    } else if let Some(budget) = source.budget {
+        if source.profile.is_none() && !engine::has_gpu() {
+            tracing::warn!(
+                "--vram-budget {}: no GPU backend is loaded, so everything runs on the CPU and uses no VRAM",
+                super::fmt_bytes(budget)
+            );
+            return Ok(None);
+        }
+        let (_, info) = crate::gguf::inspect(model).map_err(|source| RuntimeError::Model {
+            path: model.to_path_buf(),
+            source: Box::new(source),
+        })?;
+        let profile = machine_profile(source.profile.as_deref(), threads, progress)?;
+        let mut req = PlanRequest::new(budget, n_ctx);
+        req.workload = Workload {
+            prompt_tokens: 4096.min(n_ctx / 2).max(1),
+            gen_tokens: 64,
+        };
+        req.streaming = if source.overlapped {
+            Streaming::Overlapped
+        } else {
+            Streaming::Synchronous
+        };
+        make_plan(&info, &profile, &req)?
+    } else {
+        return Ok(None);
+    };
+    let applied = apply(&plan)?;
+    Ok(Some((plan, applied)))
+}

@@ -1,0 +1,170 @@
+//! The planner on real model shapes (from the presets' GGUF metadata) with a
+//! GPU-machine profile fixture: plans fit their budget, more budget never
+//! predicts slower, plans are deterministic, and impossible budgets are
+//! refused with the minimum that would work.
+
+use std::path::Path;
+
+use pipeshard::gguf::ModelInfo;
+use pipeshard::plan::{self, Exec, PlanError, PlanRequest};
+use pipeshard::profile::MachineProfile;
+use pipeshard::synth::{self, Quant};
+
+const GIB: u64 = 1 << 30;
+
+fn fixture() -> MachineProfile {
+    MachineProfile::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpu-machine-profile.yaml"))
+        .expect("the fixture profile")
+}
+
+fn shapes() -> Vec<(&'static str, ModelInfo)> {
+    ["llama3.1-8b", "qwen3-30b-a3b", "qwen3-8b", "mistral-nemo-minitron-8b"]
+        .into_iter()
+        .map(|p| (p, synth::model_info(p, Quant::Q4_0).unwrap()))
+        .collect()
+}
+
+fn objective(p: &plan::Plan) -> f64 {
+    p.predicted.ttft_s + p.workload.gen_tokens as f64 / p.predicted.decode_tok_s
+}
+
+#[test]
+fn real_shapes_are_what_the_presets_say() {
+    let shapes = shapes();
+    let r1 = &shapes[0].1;
+    assert_eq!((r1.n_layer, r1.n_embd, r1.n_expert), (32, 4096, 0));
+    let r2 = &shapes[1].1;
+    assert_eq!((r2.n_layer, r2.n_expert, r2.n_expert_used), (48, 128, 8));
+    assert!(
+        (r2.total_bytes() as f64 / GIB as f64 - 16.0).abs() < 0.5,
+        "{}",
+        r2.total_bytes()
+    );
+}
+
+#[test]
+fn plans_stay_within_budget_and_more_budget_is_never_slower() {
+    let profile = fixture();
+    for (name, info) in shapes() {
+        let mut last: Option<f64> = None;
+        for budget_gib in [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0] {
+            let budget = (budget_gib * GIB as f64) as u64;
+            let req = PlanRequest::new(budget, 4352);
+            let p = match plan::make_plan(&info, &profile, &req) {
+                Ok(p) => p,
+                Err(PlanError::BudgetTooSmall { minimum, .. }) => {
+                    assert!(minimum > budget, "{name}: refused {budget} but says {minimum} works");
+                    assert!(
+                        last.is_none(),
+                        "{name}: a bigger budget was refused after a smaller one worked"
+                    );
+                    continue;
+                }
+                Err(e) => panic!("{name} at {budget_gib} GiB: {e}"),
+            };
+            let resident: u64 = p.tensors.iter().filter(|t| t.resident).map(|t| t.vram_bytes).sum();
+            assert_eq!(resident, p.vram.weights, "{name}: weights in the breakdown");
+            assert_eq!(
+                p.vram.total,
+                p.vram.weights + p.vram.kv_cache + p.vram.compute + p.vram.reserve
+            );
+            assert!(
+                p.vram.total <= budget,
+                "{name} at {budget_gib} GiB uses {}",
+                p.vram.total
+            );
+            let obj = objective(&p);
+            assert!(obj.is_finite() && obj > 0.0);
+            if let Some(prev) = last {
+                assert!(
+                    obj <= prev + 1e-9,
+                    "{name}: {budget_gib} GiB predicts {obj} s, slower than {prev} s"
+                );
+            }
+            last = Some(obj);
+        }
+        assert!(last.is_some(), "{name}: no budget worked");
+    }
+}
+
+#[test]
+fn plans_are_deterministic() {
+    let profile = fixture();
+    for (_, info) in shapes() {
+        let req = PlanRequest::new(4 * GIB, 4352);
+        let a = plan::make_plan(&info, &profile, &req).unwrap();
+        let b = plan::make_plan(&info, &profile, &req).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(
+            plan::render(&a, plan::Format::Yaml),
+            plan::render(&b, plan::Format::Yaml)
+        );
+    }
+}
+
+#[test]
+fn impossible_budgets_are_refused_with_the_minimum() {
+    let profile = fixture();
+    let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let err = plan::make_plan(&info, &profile, &PlanRequest::new(100 << 20, 4352)).unwrap_err();
+    let PlanError::BudgetTooSmall { minimum, .. } = err else {
+        panic!("{err}")
+    };
+    assert!(minimum > 100 << 20);
+    // The minimum it names does work.
+    let p = plan::make_plan(&info, &profile, &PlanRequest::new(minimum, 4352)).unwrap();
+    assert!(p.vram.total <= minimum);
+    assert!(err.to_string().contains("smallest budget that works"));
+}
+
+#[test]
+fn a_budget_that_holds_everything_keeps_everything_resident() {
+    let profile = fixture();
+    let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let p = plan::make_plan(&info, &profile, &PlanRequest::new(24 * GIB, 4352)).unwrap();
+    assert!(
+        p.tensors.iter().all(|t| t.resident),
+        "everything fits, so everything should be resident"
+    );
+    assert_eq!(p.kv_gpu_layers, info.n_layer);
+}
+
+#[test]
+fn tiers_choose_streaming_for_prefill_and_cpu_for_decode_when_tight() {
+    let profile = fixture();
+    let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let p = plan::make_plan(&info, &profile, &PlanRequest::new(2 * GIB, 4352)).unwrap();
+    let host: Vec<_> = p
+        .tensors
+        .iter()
+        .filter(|t| !t.resident && t.name.contains("ffn_up"))
+        .collect();
+    assert!(!host.is_empty(), "2 GiB cannot hold all FFN weights");
+    for t in host {
+        assert_eq!(
+            t.exec.iter().find(|(n, _)| *n == 1).map(|x| x.1),
+            Some(Exec::Cpu),
+            "{}",
+            t.name
+        );
+        assert_eq!(
+            t.exec.iter().find(|(n, _)| *n == p.ubatch).map(|x| x.1),
+            Some(Exec::Stream),
+            "{}",
+            t.name
+        );
+    }
+    assert_eq!(p.tier_for(1), 1);
+    assert_eq!(p.tier_for(7), p.ubatch);
+    assert_eq!(p.tier_for(100_000), p.ubatch);
+}
+
+#[test]
+fn budget_parsing() {
+    assert_eq!(plan::parse_bytes("4GiB").unwrap(), 4 * GIB);
+    assert_eq!(plan::parse_bytes("512 MiB").unwrap(), 512 << 20);
+    assert_eq!(plan::parse_bytes("1.5g").unwrap(), 3 * GIB / 2);
+    assert!(plan::parse_bytes("lots").is_err());
+    assert!(plan::parse_bytes("4 parsecs").is_err());
+    assert!(plan::parse_bytes("-1GiB").is_err());
+}

@@ -1,0 +1,238 @@
+//! `pipeshard profile --mode tiny` on this machine, and what `plan` does with
+//! a profile that has no GPU measurements.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pipeshard::gguf::GgmlType;
+use pipeshard::profile::{self, Device, MachineProfile, MatmulSample, ProfileMode};
+use pipeshard::synth::Quant;
+
+/// What a finished command left.
+struct Finished {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+/// Runs the binary with a hard time limit (killing it when over), with
+/// output going to files so that a chatty child cannot block on a full pipe.
+fn pipeshard_with_limit(args: &[&str], scratch: &Path, limit: Duration) -> Finished {
+    let out_path = scratch.join("stdout.txt");
+    let err_path = scratch.join("stderr.txt");
+    let t0 = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pipeshard"))
+        .args(args)
+        .env("PIPESHARD_PROFILE_DIR", scratch.join("profiles"))
+        .env_remove("PIPESHARD_PROFILE")
+        .env_remove("PIPESHARD_VRAM_BUDGET")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .expect("spawning pipeshard");
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "pipeshard {args:?} ran longer than {limit:?}; stderr:\n{}",
+                std::fs::read_to_string(&err_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Finished {
+        code: status.code(),
+        stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
+        stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
+        elapsed: t0.elapsed(),
+    }
+}
+
+fn dense_cpu_sample<'a>(p: &'a MachineProfile, ty: &str, tokens: i64) -> &'a MatmulSample {
+    let found: Vec<&MatmulSample> = p
+        .matmul
+        .iter()
+        .filter(|s| s.device == Device::Cpu && s.ty == ty && s.tokens == tokens && s.experts.is_none() && !s.link_busy)
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one CPU {ty} sample at {tokens} tokens, got {found:?}"
+    );
+    found[0]
+}
+
+/// Checks a tiny profile measured on this machine.
+fn check_profile(p: &MachineProfile) {
+    pipeshard::engine::init(None).unwrap();
+    let gpu = pipeshard::engine::has_gpu();
+    assert_eq!(p.mode, ProfileMode::Tiny);
+    assert_eq!(p.key.cpu, profile::cpu_model(), "the key names this CPU");
+    assert!(!p.key.cpu.is_empty());
+    assert_eq!(p.key.threads, 2);
+    // No GPU: no link, no GPU name, no GPU memory, no GPU samples.
+    assert_eq!(p.link.is_some(), gpu, "link {:?} with GPU present = {gpu}", p.link);
+    assert_eq!(p.key.gpu.is_some(), gpu, "{:?}", p.key.gpu);
+    assert_eq!(p.has_gpu(), gpu);
+    if !gpu {
+        assert!(p.link.is_none());
+        assert!(p.gpu_memory.is_none());
+        assert!(
+            p.matmul.iter().all(|s| s.device == Device::Cpu),
+            "GPU samples without a GPU"
+        );
+        assert!(p.attention.iter().all(|s| s.device == Device::Cpu));
+    }
+    assert!(
+        p.cpu_mem_bw.is_finite() && p.cpu_mem_bw > 1e8,
+        "memory bandwidth {} B/s",
+        p.cpu_mem_bw
+    );
+    assert!(p.measured_in_s > 0.0 && p.measured_in_s < 60.0, "{}", p.measured_in_s);
+
+    for ty in ["q4_0", "f16"] {
+        let one = dense_cpu_sample(p, ty, 1);
+        let sixteen = dense_cpu_sample(p, ty, 16);
+        for s in [one, sixteen] {
+            assert!(s.seconds.is_finite() && s.seconds > 0.0, "{s:?}");
+            assert!(s.k > 0 && s.n > 0, "{s:?}");
+        }
+        assert_eq!((one.k, one.n), (sixteen.k, sixteen.n));
+        // No timing comparison here: CI machines are shared and noisy, and
+        // speed claims belong to benchmarks, not tests.
+    }
+    for s in p.matmul.iter().filter(|s| s.device == Device::Cpu) {
+        assert!(s.seconds.is_finite() && s.seconds > 0.0, "{s:?}");
+    }
+    // The expert and attention figures the cost model reads are there too.
+    assert!(
+        p.matmul.iter().any(|s| s.device == Device::Cpu && s.experts.is_some()),
+        "no CPU expert samples"
+    );
+    assert!(
+        p.attention
+            .iter()
+            .any(|a| a.device == Device::Cpu && a.seconds > 0.0 && a.seconds.is_finite()),
+        "no CPU attention samples"
+    );
+
+    // The cost model can use it for the CPU, and knows nothing of a GPU.
+    let t1 = p.matmul_seconds(Device::Cpu, GgmlType::Q4_0, 4096, 4096, 1, false);
+    let t16 = p.matmul_seconds(Device::Cpu, GgmlType::Q4_0, 4096, 4096, 16, false);
+    assert!(t1.is_finite() && t1 > 0.0 && t16 > t1, "{t1} {t16}");
+    if !gpu {
+        assert!(p
+            .matmul_seconds(Device::Gpu, GgmlType::Q4_0, 4096, 4096, 1, false)
+            .is_infinite());
+    }
+}
+
+/// `profile --mode tiny` finishes within a minute and writes a readable,
+/// sane CPU profile; `plan` with it refuses cleanly on a CPU-only profile.
+#[test]
+fn tiny_profile_then_plan_without_gpu() {
+    let dir = common::scratch_dir("profile-tiny");
+    let yaml = dir.join("p.yaml");
+    let out = pipeshard_with_limit(
+        &["profile", "--mode", "tiny", "-t", "2", "-o", yaml.to_str().unwrap()],
+        &dir,
+        Duration::from_secs(120),
+    );
+    assert_eq!(out.code, Some(0), "profile failed:\n{}", out.stderr);
+    assert!(
+        out.elapsed < Duration::from_secs(60),
+        "profile --mode tiny took {:?}",
+        out.elapsed
+    );
+    assert!(out.stderr.contains("profile written to"), "{}", out.stderr);
+    assert!(
+        !dir.join("profiles").exists(),
+        "profile -o also wrote into the profile directory"
+    );
+
+    let p = MachineProfile::load(&yaml).unwrap_or_else(|e| panic!("reading it back: {e}"));
+    check_profile(&p);
+    // Saving and loading again gives the same profile.
+    let copy = dir.join("copy.yaml");
+    p.save(&copy).unwrap();
+    assert_eq!(MachineProfile::load(&copy).unwrap(), p);
+    // The key's file name is stable and distinguishes CPU-only machines.
+    if p.key.gpu.is_none() {
+        assert!(p.key.file_name().contains("cpu-only"), "{}", p.key.file_name());
+    }
+    assert!(p.key.file_name().ends_with("__t2.yaml"), "{}", p.key.file_name());
+
+    if p.has_gpu() {
+        // Only meaningful on a CPU-only machine.
+        return;
+    }
+    let model = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", Quant::Q4_0);
+    let plan = pipeshard_with_limit(
+        &[
+            "plan",
+            "-m",
+            model.to_str().unwrap(),
+            "--vram-budget",
+            "1GiB",
+            "--profile",
+            yaml.to_str().unwrap(),
+            "-t",
+            "2",
+        ],
+        &dir,
+        Duration::from_secs(60),
+    );
+    assert_eq!(plan.code, Some(1), "plan with a CPU-only profile:\n{}", plan.stderr);
+    assert!(plan.stderr.contains("error:"), "{}", plan.stderr);
+    assert!(!plan.stderr.contains("panicked"), "{}", plan.stderr);
+    assert!(
+        plan.stderr.contains("no GPU measurements"),
+        "the message does not say the profile lacks GPU figures:\n{}",
+        plan.stderr
+    );
+    assert!(plan.stdout.trim().is_empty(), "a plan was printed:\n{}", plan.stdout);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The same refusal through the library, with a hand-made CPU-only profile.
+#[test]
+fn planner_refuses_a_cpu_only_profile() {
+    let dir = common::scratch_dir("profile-plan-lib");
+    let model = common::synth_tiny_model(&dir, "tiny-qwen3-8b", Quant::Q4_0);
+    let (_, info) = pipeshard::gguf::inspect(&model).unwrap();
+    let p = common::cpu_only_profile();
+    assert!(!p.has_gpu());
+    let req = pipeshard::plan::PlanRequest::new(1 << 30, 4096);
+    let err = pipeshard::plan::make_plan(&info, &p, &req).unwrap_err();
+    assert!(
+        matches!(err, pipeshard::plan::PlanError::NoGpuProfile),
+        "unexpected error: {err}"
+    );
+    assert!(err.to_string().contains("no GPU measurements"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn profile_rejects_an_unknown_mode() {
+    let dir = common::scratch_dir("profile-bad-mode");
+    let out = pipeshard_with_limit(
+        &["profile", "--mode", "huge", "-o", dir.join("p.yaml").to_str().unwrap()],
+        &dir,
+        Duration::from_secs(30),
+    );
+    // clap's usage errors exit with 2.
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("huge"), "{}", out.stderr);
+    assert!(out.stderr.contains("tiny"), "valid modes not listed:\n{}", out.stderr);
+    assert!(!dir.join("p.yaml").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
