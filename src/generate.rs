@@ -94,12 +94,24 @@ impl Utf8Stream {
     }
 }
 
+/// A prompt already evaluated into sequence 0 of a context, with the
+/// logits of its last position kept: where [`generate_from`] continues.
+#[derive(Debug, Clone, Copy)]
+pub struct EvaluatedPrompt {
+    /// The position after the prompt.
+    pub n_past: i32,
+    /// Prompt tokens (or positions), for the statistics.
+    pub n_tokens: usize,
+    /// When prompt processing started; TTFT is measured from here.
+    pub started: Instant,
+}
+
 /// Generate from a fresh sequence 0 of `ctx`. `on_text` gets each new piece
 /// of text; returning `false` stops generation.
 pub fn generate(
     ctx: &mut Context<'_>,
     req: &GenerateRequest,
-    mut on_text: impl FnMut(&str) -> bool,
+    on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerateOutput, EngineError> {
     let model: &Model = ctx.model();
     if req.prompt.is_empty() {
@@ -120,10 +132,43 @@ pub fn generate(
     for &t in &req.prompt {
         sampler.accept(t);
     }
+    let prompt = EvaluatedPrompt {
+        n_past: req.prompt.len() as i32,
+        n_tokens: req.prompt.len(),
+        started: t0,
+    };
+    continue_generation(ctx, sampler, prompt, req.n_predict, &req.stop, on_text)
+}
+
+/// Generate after a prompt that something else evaluated into sequence 0
+/// of `ctx` (e.g. a multimodal prompt); otherwise as [`generate`].
+pub fn generate_from(
+    ctx: &mut Context<'_>,
+    prompt: EvaluatedPrompt,
+    n_predict: usize,
+    sampling: &SamplingParams,
+    stop: &[String],
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerateOutput, EngineError> {
+    let sampler = Sampler::new(ctx.model(), sampling)?;
+    continue_generation(ctx, sampler, prompt, n_predict, stop, on_text)
+}
+
+fn continue_generation(
+    ctx: &mut Context<'_>,
+    mut sampler: Sampler,
+    prompt: EvaluatedPrompt,
+    n_predict: usize,
+    stops: &[String],
+    mut on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerateOutput, EngineError> {
+    let model: &Model = ctx.model();
+    let n_ctx = ctx.n_ctx() as usize;
+    let t0 = prompt.started;
     let mut text = String::new();
     let mut tokens = Vec::new();
     let mut utf8 = Utf8Stream::default();
-    let mut pos = req.prompt.len() as i32;
+    let mut pos = prompt.n_past;
     let mut ttft = None;
     let stop;
     let mut sampled = sampler.sample(ctx, -1);
@@ -138,7 +183,7 @@ pub fn generate(
         let piece = utf8.push(&model.token_to_bytes(sampled, false)?);
         if !piece.is_empty() {
             text.push_str(&piece);
-            if let Some(cut) = find_stop(&text, &req.stop) {
+            if let Some(cut) = find_stop(&text, stops) {
                 text.truncate(cut);
                 stop = StopReason::StopString;
                 break;
@@ -148,7 +193,7 @@ pub fn generate(
                 break;
             }
         }
-        if tokens.len() >= req.n_predict {
+        if tokens.len() >= n_predict {
             stop = StopReason::Length;
             break;
         }
@@ -169,10 +214,10 @@ pub fn generate(
     let decode = t_first.elapsed();
     let decoded = tokens.len().saturating_sub(1);
     let stats = GenerateStats {
-        prompt_tokens: req.prompt.len(),
+        prompt_tokens: prompt.n_tokens,
         generated_tokens: tokens.len(),
         ttft_ms: ttft.as_secs_f64() * 1e3,
-        prompt_tokens_per_s: req.prompt.len() as f64 / ttft.as_secs_f64().max(1e-9),
+        prompt_tokens_per_s: prompt.n_tokens as f64 / ttft.as_secs_f64().max(1e-9),
         decode_ms: decode.as_secs_f64() * 1e3,
         decode_tokens_per_s: if decoded > 0 {
             decoded as f64 / decode.as_secs_f64().max(1e-9)

@@ -17,6 +17,7 @@ pub mod default_model;
 pub mod engine;
 pub mod generate;
 pub mod gguf;
+pub mod logging;
 pub mod plan;
 pub mod profile;
 pub mod progress;

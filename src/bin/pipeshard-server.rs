@@ -7,21 +7,14 @@ use anyhow::Context as _;
 use pipeshard::server::{self, Parsed};
 
 fn init_tracing(config: &server::ServerConfig) {
-    if config.log_disable {
-        return;
+    if !config.log_disable {
+        // llama-server's -v/-lv levels map onto pipeshard's.
+        pipeshard::logging::init(match config.verbosity {
+            0 => 0,
+            1..=2 => 1,
+            _ => 2,
+        });
     }
-    let default = match config.verbosity {
-        0 => "warn,pipeshard=info",
-        1..=2 => "info,llama.cpp=info",
-        _ => "debug,llama.cpp=debug",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("PIPESHARD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
 }
 
 fn run() -> anyhow::Result<()> {

@@ -48,21 +48,6 @@ enum Command {
     Serve(serve::ServeArgs),
 }
 
-fn init_tracing(verbose: u8) {
-    let default = match verbose {
-        0 => "warn,pipeshard=info",
-        1 => "info,llama.cpp=debug",
-        _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("PIPESHARD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
-}
-
 /// llama.cpp's multi-letter short flags, spelled as our long ones.
 const LLAMA_SHORT_FLAGS: &[(&str, &str)] = &[
     ("-ngl", "--n-gpu-layers"),
@@ -90,7 +75,7 @@ fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
 /// Parse the command line, run it, and map errors to exit code 1.
 pub fn main() -> ExitCode {
     let cli = Cli::parse_from(normalize_args(std::env::args()));
-    init_tracing(cli.global.verbose);
+    pipeshard::logging::init(cli.global.verbose);
     let result = match cli.command {
         Command::Run(args) => run::run(&cli.global, args),
         Command::Plan(args) => plan::plan_cmd(&cli.global, args),

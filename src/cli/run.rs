@@ -9,7 +9,7 @@ use anyhow::{Context as _, Result};
 use pipeshard::engine::{
     self, ChatMessage, Context, ContextParams, FlashAttention, Model, ModelParams, SamplingParams,
 };
-use pipeshard::generate::{generate, GenerateRequest};
+use pipeshard::generate::{generate, generate_from, EvaluatedPrompt, GenerateOutput, GenerateRequest};
 use pipeshard::{default_model, progress};
 
 use super::plan::{plan_for_model, BudgetArgs};
@@ -70,6 +70,12 @@ pub struct RunArgs {
     /// Print the timings as JSON on stderr.
     #[arg(long)]
     pub json: bool,
+    /// Multimodal projector GGUF (vision); needed by --image.
+    #[arg(long = "mmproj", visible_alias = "mm")]
+    pub mmproj: Option<PathBuf>,
+    /// Image to show the model (PNG, JPEG, BMP, GIF); implies --chat.
+    #[arg(long = "image", requires = "mmproj")]
+    pub image: Option<PathBuf>,
     #[command(flatten)]
     pub budget: BudgetArgs,
 }
@@ -85,6 +91,11 @@ pub fn parse_flash_attn(s: &str) -> Result<FlashAttention> {
 
 pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
     let fa = parse_flash_attn(&args.flash_attn)?;
+    if let Some(img) = &args.image {
+        if !img.is_file() {
+            anyhow::bail!("the image {} does not exist", img.display());
+        }
+    }
     let model_path = match &args.model {
         Some(p) => p.clone(),
         None => default_model::ensure().context("fetching the default model")?,
@@ -155,7 +166,24 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
     }
     let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
 
-    let prompt_text = if args.chat {
+    let vision = match &args.mmproj {
+        Some(mm) => Some(
+            engine::VisionProjector::load(&model, mm, args.n_gpu_layers != 0, threads)
+                .with_context(|| format!("loading the projector for {}", model_path.display()))?,
+        ),
+        None => None,
+    };
+    let image = match (&vision, &args.image) {
+        (Some(v), Some(img)) => Some(engine::Bitmap::from_file(v, img)?),
+        _ => None,
+    };
+    let chat = args.chat || image.is_some();
+    let user_text = if image.is_some() {
+        format!("{}\n{}", engine::media_marker(), args.prompt)
+    } else {
+        args.prompt.clone()
+    };
+    let prompt_text = if chat {
         let tmpl = model.chat_template(None).ok_or(engine::EngineError::NoChatTemplate)?;
         let mut msgs = Vec::new();
         if let Some(sys) = &args.system {
@@ -166,41 +194,62 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
         }
         msgs.push(ChatMessage {
             role: "user".into(),
-            content: args.prompt.clone(),
+            content: user_text,
         });
         engine::apply_chat_template(&tmpl, &msgs, true)?
     } else {
-        args.prompt.clone()
+        user_text
     };
-    // A chat template already carries its special tokens as text.
-    let prompt = model.tokenize(&prompt_text, !args.chat || model.add_bos(), args.chat)?;
-    let req = GenerateRequest {
-        prompt,
-        n_predict: args.n_predict,
-        sampling: SamplingParams {
-            temperature: args.temperature,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            min_p: args.min_p,
-            repeat_penalty: args.repeat_penalty,
-            seed: args.seed,
-            ..Default::default()
-        },
-        stop: Vec::new(),
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        seed: args.seed,
+        ..Default::default()
     };
     let mut stdout = std::io::stdout().lock();
-    let out = generate(&mut ctx, &req, |piece| {
+    let mut on_text = |piece: &str| {
         let _ = stdout.write_all(piece.as_bytes());
         let _ = stdout.flush();
         true
-    })?;
+    };
+    let mut encode_ms = None;
+    let out: GenerateOutput = match (&vision, &image) {
+        (Some(v), Some(img)) => {
+            ctx.clear();
+            let started = Instant::now();
+            let ev = v
+                .eval_prompt(&mut ctx, &prompt_text, std::slice::from_ref(img), 0, model.add_bos())
+                .context("evaluating the prompt with the image")?;
+            encode_ms = Some(ev.encode_ms);
+            let prompt = EvaluatedPrompt {
+                n_past: ev.n_past,
+                n_tokens: ev.n_tokens,
+                started,
+            };
+            generate_from(&mut ctx, prompt, args.n_predict, &sampling, &[], &mut on_text)?
+        }
+        _ => {
+            // A chat template already carries its special tokens as text.
+            let prompt = model.tokenize(&prompt_text, !chat || model.add_bos(), chat)?;
+            let req = GenerateRequest {
+                prompt,
+                n_predict: args.n_predict,
+                sampling,
+                stop: Vec::new(),
+            };
+            generate(&mut ctx, &req, &mut on_text)?
+        }
+    };
     let _ = writeln!(stdout);
     drop(stdout);
 
     let s = &out.stats;
     if args.json {
         let v = serde_json::json!({
-            "model": model_path, "load_ms": load_ms, "stats": s,
+            "model": model_path, "load_ms": load_ms, "stats": s, "image_encode_ms": encode_ms,
             "devices": engine::list_devices(), "memory": ctx.memory_breakdown(),
         });
         eprintln!("{}", serde_json::to_string(&v)?);
@@ -208,6 +257,9 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
         eprintln!();
         eprintln!("model:    {} ({})", model.description(), model_path.display());
         eprintln!("load:     {load_ms:.1} ms");
+        if let Some(ms) = encode_ms {
+            eprintln!("image:    encoded in {ms:.1} ms");
+        }
         eprintln!(
             "prompt:   {} tokens, TTFT {:.1} ms, {:.1} tok/s",
             s.prompt_tokens, s.ttft_ms, s.prompt_tokens_per_s

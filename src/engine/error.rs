@@ -33,6 +33,12 @@ pub enum EngineError {
     ChatTemplate,
     #[error("embeddings are not available: the context was not created with embeddings on")]
     NoEmbeddings,
+    #[error("cannot load the multimodal projector {path}: {reason}")]
+    ProjectorLoad { path: PathBuf, reason: String },
+    #[error("cannot read the image {what}: {reason}")]
+    Image { what: String, reason: String },
+    #[error("evaluating the multimodal prompt failed: {0}")]
+    VisionEval(String),
     #[error("{0}")]
     InvalidArgument(String),
 }

@@ -21,6 +21,7 @@ pub mod opbench;
 mod output_embeddings;
 mod placement;
 mod sampler;
+mod vision;
 
 pub use backend::{device_free_bytes, has_gpu, init, list_devices, Device, DeviceKind};
 pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAttention};
@@ -29,3 +30,4 @@ pub use memory::{buffer_types, device_buffer_types, BufferType, MemoryBreakdown}
 pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
 pub use placement::{Offload, OffloadPolicy, OffloadQuery, OpKind, TensorPlacement};
 pub use sampler::{Sampler, SamplingParams};
+pub use vision::{media_marker, Bitmap, VisionEval, VisionProjector};

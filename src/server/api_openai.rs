@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
-use crate::engine::Token;
+use crate::engine::{media_marker, Token};
 
 use super::chat_template::content_text;
 use super::completion::{
@@ -21,6 +21,7 @@ use super::params::{bool_field, gen_params, str_field, wants_stream, Api};
 use super::routes::JsonBody;
 use super::state::{AppState, Ready};
 use super::task::Event;
+use super::vision::image_bytes;
 
 type S = State<Arc<AppState>>;
 
@@ -60,6 +61,17 @@ pub async fn models(State(st): S) -> Result<Json<Value>, ApiError> {
 
 /// Render a chat request's `messages` with the model's template.
 pub fn chat_prompt(st: &AppState, ready: &Ready, body: &Map<String, Value>) -> Result<String, ApiError> {
+    chat_prompt_media(st, ready, body).map(|(p, _)| p)
+}
+
+/// Render a chat request's `messages`; each image part becomes a media
+/// marker in the text, and its bytes are returned in order.
+pub fn chat_prompt_media(
+    st: &AppState,
+    ready: &Ready,
+    body: &Map<String, Value>,
+) -> Result<(String, Vec<Vec<u8>>), ApiError> {
+    let mut images = Vec::new();
     let msgs = match body.get("messages") {
         Some(Value::Array(m)) => m,
         Some(_) => return Err(ApiError::bad_request("\"messages\" must be an array")),
@@ -79,13 +91,31 @@ pub fn chat_prompt(st: &AppState, ready: &Ready, body: &Map<String, Value>) -> R
         match o.get("content") {
             None | Some(Value::Null) | Some(Value::String(_)) => {}
             Some(Value::Array(parts)) => {
-                for p in parts {
+                let mut parts = parts.clone();
+                let mut has_media = false;
+                for p in parts.iter_mut() {
                     let ty = p.get("type").and_then(Value::as_str).unwrap_or("text");
                     match ty {
                         "text" => {}
+                        "image_url" if ready.vision.is_some() => {
+                            let url = match p.get("image_url") {
+                                Some(Value::String(u)) => u.as_str(),
+                                Some(o) => o.get("url").and_then(Value::as_str).unwrap_or_default(),
+                                None => "",
+                            };
+                            if url.is_empty() {
+                                return Err(ApiError::bad_request("image_url part without a \"url\""));
+                            }
+                            images.push(image_bytes(
+                                url,
+                                ready.vision.as_ref().and_then(|v| v.media_dir.as_deref()),
+                            )?);
+                            *p = json!({"type": "text", "text": media_marker()});
+                            has_media = true;
+                        }
                         "image_url" | "input_image" | "input_audio" | "image" | "audio" => {
-                            let msg = if st.config.mmproj.is_some() {
-                                "image and audio input is not supported yet by pipeshard-server (vision support lands later)"
+                            let msg = if ready.vision.is_some() {
+                                "only image_url content parts are supported for media input"
                             } else {
                                 "image input is not supported: this server was started without --mmproj"
                             };
@@ -98,9 +128,11 @@ pub fn chat_prompt(st: &AppState, ready: &Ready, body: &Map<String, Value>) -> R
                         }
                     }
                 }
-                if !template.is_jinja() {
-                    let text = content_text(&Value::Array(parts.clone()));
+                if !template.is_jinja() || has_media {
+                    let text = content_text(&Value::Array(parts));
                     o.insert("content".into(), Value::String(text));
+                } else {
+                    o.insert("content".into(), Value::Array(parts));
                 }
             }
             Some(_) => {
@@ -128,20 +160,20 @@ pub fn chat_prompt(st: &AppState, ready: &Ready, body: &Map<String, Value>) -> R
         }
     }
     let add_gen = bool_field(body, "add_generation_prompt")?.unwrap_or(true);
-    template
+    let prompt = template
         .render(&out, add_gen, &extra)
-        .map_err(|e| ApiError::bad_request(e.to_string()))
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok((prompt, images))
 }
 
-fn chat_tokens(st: &AppState, ready: &Ready, body: &Map<String, Value>) -> Result<Vec<Token>, ApiError> {
-    let prompt = chat_prompt(st, ready, body)?;
+fn chat_tokens(ready: &Ready, prompt: &str) -> Result<Vec<Token>, ApiError> {
     let m = &ready.model;
     let bos_text = m
         .token_bos()
         .and_then(|t| m.token_to_bytes(t, true).ok())
         .unwrap_or_default();
     let add_bos = m.add_bos() && (bos_text.is_empty() || !prompt.as_bytes().starts_with(&bos_text));
-    m.tokenize(&prompt, add_bos, true)
+    m.tokenize(prompt, add_bos, true)
         .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
@@ -157,10 +189,20 @@ pub async fn chat_completions(State(st): S, JsonBody(body): JsonBody) -> Result<
     let ready = st.ready()?;
     let params = gen_params(&body, &st.config, Api::OaiChat)?;
     let stream = wants_stream(&body)?;
-    let toks = chat_tokens(&st, ready, &body)?;
     let want_logprobs = params.want_logprobs;
-    let n_prompt = toks.len();
-    let rx = submit(ready, toks, params)?;
+    let (prompt, images) = chat_prompt_media(&st, ready, &body)?;
+    let (rx, n_prompt) = match (&ready.vision, images.is_empty()) {
+        (Some(v), false) => {
+            // Served one at a time by the vision worker; the prompt size
+            // (text and image positions) is only known there.
+            (v.submit(prompt, images, params)?, 0)
+        }
+        _ => {
+            let toks = chat_tokens(ready, &prompt)?;
+            let n = toks.len();
+            (submit(ready, toks, params)?, n)
+        }
+    };
     let (id, created, model) = (new_id("chatcmpl"), now(), ready.model_id.clone());
     if stream {
         let with_usage = include_usage(&body);
@@ -221,7 +263,7 @@ pub async fn chat_completions(State(st): S, JsonBody(body): JsonBody) -> Result<
         "system_fingerprint": "pipeshard",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
             "logprobs": lp, "finish_reason": c.fin.stop_type.finish_reason()}],
-        "usage": usage(n_prompt, c.fin.n_predicted),
+        "usage": usage(n_prompt.max(c.fin.n_prompt), c.fin.n_predicted),
         "timings": c.fin.timings(),
     }))
     .into_response())

@@ -76,6 +76,12 @@ static PIPESHARD_OPTS: &[UpstreamOpt] = &[
         values: 1,
         env: Some("PIPESHARD_MAX_BODY_SIZE"),
     },
+    UpstreamOpt {
+        names: &["--media-dir"],
+        negated: &[],
+        values: 1,
+        env: Some("PIPESHARD_MEDIA_DIR"),
+    },
 ];
 
 /// Options refused because ignoring them would change what the server
@@ -357,7 +363,8 @@ pub fn help_text() -> String {
          --profile FILE          machine profile (env PIPESHARD_PROFILE)\n  \
          --plan FILE             placement plan (env PIPESHARD_PLAN)\n  \
          --backend-dir DIR       ggml backend modules (env PIPESHARD_BACKEND_DIR)\n  \
-         --max-body-size BYTES   largest request body, default 64MiB (env PIPESHARD_MAX_BODY_SIZE)\n\n\
+         --max-body-size BYTES   largest request body, default 64MiB (env PIPESHARD_MAX_BODY_SIZE)\n  \
+         --media-dir DIR         let image_url name local files under DIR (env PIPESHARD_MEDIA_DIR)\n\n\
          llama-server options (see llama-server --help for their meaning):\n",
     );
     for o in UPSTREAM_OPTS {
@@ -595,6 +602,7 @@ pub fn parse(argv: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Pa
     if let Some((s, origin)) = g.string("--max-body-size") {
         c.max_body_bytes = parse_bytes(&s).ok_or_else(|| bad(&origin, &s, "expected bytes"))? as usize;
     }
+    c.media_dir = g.string("--media-dir").map(|(s, _)| PathBuf::from(s));
     // Accepted for compatibility; continuous batching is always on.
     g.flag("--cont-batching");
 

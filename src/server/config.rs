@@ -69,6 +69,9 @@ pub struct ServerConfig {
     pub api_prefix: String,
     /// Largest accepted request body in bytes (pipeshard's `--max-body-size`).
     pub max_body_bytes: usize,
+    /// Directory that `image_url` may name local files in (pipeshard's
+    /// `--media-dir`); None refuses local paths.
+    pub media_dir: Option<PathBuf>,
     pub log_disable: bool,
     pub verbosity: u8,
     /// pipeshard: VRAM budget in bytes (`--vram-budget`); stored for the planner.
@@ -124,6 +127,7 @@ impl Default for ServerConfig {
             special: false,
             api_prefix: String::new(),
             max_body_bytes: 64 << 20,
+            media_dir: None,
             log_disable: false,
             verbosity: 0,
             vram_budget: None,

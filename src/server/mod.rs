@@ -26,6 +26,7 @@ pub mod scheduler;
 pub mod state;
 pub mod task;
 pub mod upstream_args;
+pub mod vision;
 
 use std::sync::{Arc, Mutex};
 

@@ -12,12 +12,15 @@ use super::embedding::Embedder;
 use super::error::{ApiError, ServerError};
 use super::metrics::Metrics;
 use super::scheduler::{self, SchedulerHandle};
+use super::vision::VisionHandle;
 
 /// What exists once the model is loaded.
 pub struct Ready {
     pub model: Arc<Model>,
     pub scheduler: SchedulerHandle,
     pub embedder: Option<Embedder>,
+    /// The image worker, with `--mmproj`.
+    pub vision: Option<VisionHandle>,
     /// `Err` holds why chat requests cannot be served.
     pub template: Result<ChatTemplate, String>,
     /// The id reported in `/v1/models` and responses.
@@ -85,9 +88,6 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         None => crate::default_model::ensure().map_err(|e| err(&e))?,
     };
     engine::init(config.backend_dir.as_deref()).map_err(|e| err(&e))?;
-    if config.mmproj.is_some() {
-        tracing::warn!("--mmproj: vision support has not landed in pipeshard yet; image requests will be refused");
-    }
     let mut overrides = Vec::new();
     for (pat, buft) in &config.tensor_overrides {
         let b = engine::buffer_types()
@@ -157,13 +157,39 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
                 n_batch: n,
                 n_ubatch: n,
                 n_seq_max: 1,
-                ..cparams
+                ..cparams.clone()
             },
         )
         .map_err(|e| err(&e))?;
         Some(e)
     } else {
         None
+    };
+    let vision = match &config.mmproj {
+        Some(mm) => {
+            tracing::info!("loading multimodal projector {}", mm.display());
+            let n = scheduler.n_ctx_slot.max(64);
+            let v = VisionHandle::spawn(
+                model.clone(),
+                mm,
+                config.mmproj_offload && config.n_gpu_layers != 0,
+                ContextParams {
+                    n_ctx: n,
+                    n_seq_max: 1,
+                    offload: None,
+                    ..cparams.clone()
+                },
+            )
+            .map_err(|e| err(&e))?;
+            let mut v = v;
+            v.media_dir = config.media_dir.clone();
+            tracing::info!(
+                "vision requests are served one at a time ({} tokens of context)",
+                v.n_ctx
+            );
+            Some(v)
+        }
+        None => None,
     };
     metrics.vram_used_bytes.store(vram, Relaxed);
     let template =
@@ -193,6 +219,7 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         model,
         scheduler,
         embedder,
+        vision,
         template,
         model_id,
         created,

@@ -1,0 +1,296 @@
+//! Vision-language input through llama.cpp's `libmtmd`: a multimodal
+//! projector (`--mmproj`), decoded images, and evaluation of a prompt that
+//! mixes text and images into a [`Context`].
+
+use std::ffi::{CStr, CString};
+use std::path::Path;
+use std::ptr::NonNull;
+use std::time::Instant;
+
+use super::context::Context;
+use super::error::{EngineError, Result};
+use super::ffi;
+use super::model::Model;
+
+/// The text that stands for one image in a prompt (`<__media__>`).
+pub fn media_marker() -> String {
+    // SAFETY: returns a pointer to a static NUL-terminated string.
+    unsafe { CStr::from_ptr(ffi::mtmd_default_marker()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A multimodal projector bound to a language model.
+pub struct VisionProjector<'m> {
+    ptr: NonNull<ffi::mtmd_context>,
+    model: &'m Model,
+}
+
+// SAFETY: an mtmd_context may move between threads; it is not shared (no
+// Sync), and the model it points at is Sync.
+unsafe impl Send for VisionProjector<'_> {}
+
+impl Drop for VisionProjector<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by mtmd_init_from_file and freed once.
+        unsafe { ffi::mtmd_free(self.ptr.as_ptr()) };
+    }
+}
+
+/// Timings of one multimodal prompt evaluation.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct VisionEval {
+    /// The position after the prompt, where generation continues.
+    pub n_past: i32,
+    /// Positions/tokens the prompt occupies in the KV cache.
+    pub n_tokens: usize,
+    /// Images evaluated.
+    pub n_images: usize,
+    /// Time spent encoding the images and decoding their embeddings (ms).
+    pub encode_ms: f64,
+    /// Time spent on the whole prompt, text included (ms).
+    pub total_ms: f64,
+}
+
+impl<'m> VisionProjector<'m> {
+    /// Load an mmproj GGUF for `model`. It fails (with llama.cpp's reason in
+    /// the log) when the file is not a projector or does not match the model.
+    pub fn load(model: &'m Model, mmproj: &Path, use_gpu: bool, threads: i32) -> Result<Self> {
+        let fail = |reason: &str| EngineError::ProjectorLoad {
+            path: mmproj.to_path_buf(),
+            reason: reason.to_string(),
+        };
+        if !mmproj.is_file() {
+            return Err(fail("no such file"));
+        }
+        crate::gguf::GgufFile::open(mmproj).map_err(|e| fail(&e.to_string()))?;
+        let c_path = CString::new(mmproj.to_string_lossy().as_bytes()).map_err(|_| EngineError::NulInText)?;
+        // SAFETY: default params are plain data.
+        let mut p = unsafe { ffi::mtmd_context_params_default() };
+        p.use_gpu = use_gpu;
+        p.n_threads = threads.max(1);
+        p.print_timings = false;
+        p.warmup = false;
+        // SAFETY: c_path outlives the call; the model outlives the projector ('m).
+        let raw = unsafe { ffi::mtmd_init_from_file(c_path.as_ptr(), model.as_ptr(), p) };
+        let ptr = NonNull::new(raw).ok_or_else(|| {
+            fail("llama.cpp rejected it (not a projector, or it does not match the model; see the log above)")
+        })?;
+        // SAFETY: valid context.
+        if !unsafe { ffi::mtmd_support_vision(ptr.as_ptr()) } {
+            // SAFETY: freed once here; `ptr` is not used afterwards.
+            unsafe { ffi::mtmd_free(ptr.as_ptr()) };
+            return Err(fail("the projector has no vision encoder"));
+        }
+        Ok(VisionProjector { ptr, model })
+    }
+
+    /// The language model this projector feeds.
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// Whether the model uses M-RoPE (positions differ from token counts).
+    pub fn uses_mrope(&self) -> bool {
+        // SAFETY: valid context.
+        unsafe { ffi::mtmd_decode_use_mrope(self.ptr.as_ptr()) }
+    }
+
+    /// Tokenize `text` (with one [`media_marker`] per image) and evaluate it
+    /// into sequence 0 of `ctx` from position `n_past`, keeping the last
+    /// logits so that generation can continue at the returned position.
+    pub fn eval_prompt(
+        &self,
+        ctx: &mut Context<'_>,
+        text: &str,
+        images: &[Bitmap],
+        n_past: i32,
+        add_special: bool,
+    ) -> Result<VisionEval> {
+        let t0 = Instant::now();
+        let c_text = CString::new(text).map_err(|_| EngineError::NulInText)?;
+        let input = ffi::mtmd_input_text {
+            text: c_text.as_ptr(),
+            text_len: text.len(),
+            add_special,
+            parse_special: true,
+        };
+        let chunks = Chunks::new()?;
+        let bitmaps: Vec<*const ffi::mtmd_bitmap> = images.iter().map(|b| b.ptr.as_ptr() as *const _).collect();
+        // SAFETY: every pointer is valid for the call; mtmd copies what it keeps.
+        let rc = unsafe {
+            ffi::mtmd_tokenize(
+                self.ptr.as_ptr(),
+                chunks.0.as_ptr(),
+                &input,
+                bitmaps.as_ptr(),
+                bitmaps.len(),
+            )
+        };
+        match rc {
+            0 => {}
+            1 => {
+                return Err(EngineError::VisionEval(format!(
+                    "the prompt has a different number of media markers than the {} image(s) given",
+                    images.len()
+                )))
+            }
+            2 => return Err(EngineError::VisionEval("image preprocessing failed".into())),
+            c => return Err(EngineError::VisionEval(format!("mtmd_tokenize returned {c}"))),
+        }
+        // SAFETY: valid chunk list.
+        let (n_chunks, n_pos, n_tokens) = unsafe {
+            (
+                ffi::mtmd_input_chunks_size(chunks.0.as_ptr()),
+                ffi::mtmd_helper_get_n_pos(chunks.0.as_ptr()),
+                ffi::mtmd_helper_get_n_tokens(chunks.0.as_ptr()),
+            )
+        };
+        let n_ctx = ctx.n_ctx();
+        if n_past as usize + n_tokens.max(n_pos as usize) >= n_ctx as usize {
+            return Err(EngineError::ContextOverflow {
+                n_tokens: n_past as usize + n_tokens,
+                n_ctx,
+            });
+        }
+        let mut pos = n_past;
+        let mut encode_ms = 0.0;
+        let n_batch = ctx.n_batch() as i32;
+        for i in 0..n_chunks {
+            // SAFETY: i < size; the chunk lives as long as `chunks`.
+            let chunk = unsafe { ffi::mtmd_input_chunks_get(chunks.0.as_ptr(), i) };
+            // SAFETY: valid chunk.
+            let is_media = unsafe { ffi::mtmd_input_chunk_get_type(chunk) } != ffi::MTMD_INPUT_CHUNK_TYPE_TEXT;
+            let t = Instant::now();
+            let mut new_pos = pos;
+            // SAFETY: both contexts are valid and used by this thread only;
+            // new_pos is a valid out pointer.
+            let rc = unsafe {
+                ffi::mtmd_helper_eval_chunk_single(
+                    self.ptr.as_ptr(),
+                    ctx.as_ptr(),
+                    chunk,
+                    pos,
+                    0,
+                    n_batch,
+                    i + 1 == n_chunks,
+                    &mut new_pos,
+                )
+            };
+            if rc != 0 {
+                return Err(EngineError::VisionEval(format!(
+                    "{} chunk {i} failed with code {rc}",
+                    if is_media { "encoding image" } else { "decoding text" }
+                )));
+            }
+            if is_media {
+                encode_ms += t.elapsed().as_secs_f64() * 1e3;
+            }
+            pos = new_pos;
+        }
+        Ok(VisionEval {
+            n_past: pos,
+            n_tokens,
+            n_images: images.len(),
+            encode_ms,
+            total_ms: t0.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ffi::mtmd_context {
+        self.ptr.as_ptr()
+    }
+}
+
+/// An owned `mtmd_input_chunks` list.
+struct Chunks(NonNull<ffi::mtmd_input_chunks>);
+
+impl Chunks {
+    fn new() -> Result<Self> {
+        // SAFETY: plain allocation.
+        NonNull::new(unsafe { ffi::mtmd_input_chunks_init() })
+            .map(Chunks)
+            .ok_or_else(|| EngineError::VisionEval("cannot allocate input chunks".into()))
+    }
+}
+
+impl Drop for Chunks {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new`, freed once.
+        unsafe { ffi::mtmd_input_chunks_free(self.0.as_ptr()) };
+    }
+}
+
+/// A decoded image (RGB), ready for [`VisionProjector::eval_prompt`].
+pub struct Bitmap {
+    ptr: NonNull<ffi::mtmd_bitmap>,
+}
+
+// SAFETY: a bitmap is plain owned pixel data.
+unsafe impl Send for Bitmap {}
+
+impl Drop for Bitmap {
+    fn drop(&mut self) {
+        // SAFETY: created by an mtmd init function and freed once.
+        unsafe { ffi::mtmd_bitmap_free(self.ptr.as_ptr()) };
+    }
+}
+
+impl Bitmap {
+    /// Decode an image file (PNG, JPEG, BMP, GIF, ... as stb_image reads them).
+    pub fn from_file(proj: &VisionProjector<'_>, path: &Path) -> Result<Bitmap> {
+        let what = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| EngineError::Image {
+            what: what.clone(),
+            reason: e.to_string(),
+        })?;
+        Self::decode(proj, &bytes, what)
+    }
+
+    /// Decode an image held in memory (the bytes of an image file).
+    pub fn from_bytes(proj: &VisionProjector<'_>, bytes: &[u8]) -> Result<Bitmap> {
+        Self::decode(proj, bytes, format!("({} bytes)", bytes.len()))
+    }
+
+    fn decode(proj: &VisionProjector<'_>, bytes: &[u8], what: String) -> Result<Bitmap> {
+        if bytes.is_empty() {
+            return Err(EngineError::Image {
+                what,
+                reason: "the file is empty".into(),
+            });
+        }
+        // SAFETY: plain data.
+        let opt = unsafe { ffi::mtmd_helper_init_opt_default() };
+        // SAFETY: bytes is valid for the call; the helper copies the pixels.
+        let w =
+            unsafe { ffi::mtmd_helper_bitmap_init_from_buf(proj.as_ptr(), bytes.as_ptr(), bytes.len(), false, opt) };
+        if !w.video_ctx.is_null() {
+            // SAFETY: returned by the helper; we do not take videos.
+            unsafe { ffi::mtmd_helper_video_free(w.video_ctx) };
+        }
+        let ptr = NonNull::new(w.bitmap).ok_or_else(|| EngineError::Image {
+            what: what.clone(),
+            reason: "not a supported image format (PNG, JPEG, BMP, GIF, ...)".into(),
+        })?;
+        let bmp = Bitmap { ptr };
+        // SAFETY: valid bitmap.
+        if unsafe { ffi::mtmd_bitmap_is_audio(bmp.ptr.as_ptr()) } {
+            return Err(EngineError::Image {
+                what,
+                reason: "this is audio, not an image".into(),
+            });
+        }
+        Ok(bmp)
+    }
+
+    /// Width and height in pixels.
+    pub fn size(&self) -> (u32, u32) {
+        // SAFETY: valid bitmap.
+        unsafe {
+            (
+                ffi::mtmd_bitmap_get_nx(self.ptr.as_ptr()),
+                ffi::mtmd_bitmap_get_ny(self.ptr.as_ptr()),
+            )
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! Vision-language input end to end on a tiny synthetic VLM
+//! (`tiny-qwen2.5-vl-7b` with its mmproj): `pipeshard run --mmproj --image`
+//! and `pipeshard-server --mmproj` with an `image_url` data URI.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const RUN: &str = env!("CARGO_BIN_EXE_pipeshard");
+const SERVER: &str = env!("CARGO_BIN_EXE_pipeshard-server");
+
+/// (language model, mmproj, PNG image, scratch dir), written once.
+fn fixtures() -> &'static (PathBuf, PathBuf, PathBuf, PathBuf) {
+    static F: OnceLock<(PathBuf, PathBuf, PathBuf, PathBuf)> = OnceLock::new();
+    F.get_or_init(|| {
+        let dir = common::scratch_dir("vlm");
+        let model = dir.join("vl.gguf");
+        let mmproj = dir.join("mmproj.gguf");
+        let mut opts = pipeshard::synth::SynthOptions::new("tiny-qwen2.5-vl-7b", pipeshard::synth::Quant::Q4_0, &model);
+        opts.mmproj_output = Some(mmproj.clone());
+        opts.threads = 2;
+        pipeshard::synth::synth(&opts, |_, _| {}).expect("synth tiny-qwen2.5-vl-7b");
+        let png = dir.join("gradient.png");
+        std::fs::write(&png, gradient_png(64, 48)).unwrap();
+        (model, mmproj, png, dir)
+    })
+}
+
+fn crc32(data: &[u8]) -> u32 {
+    let mut c = 0xffff_ffffu32;
+    for &b in data {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 { 0xedb8_8320 ^ (c >> 1) } else { c >> 1 };
+        }
+    }
+    !c
+}
+
+fn adler32(data: &[u8]) -> u32 {
+    let (mut a, mut b) = (1u32, 0u32);
+    for &x in data {
+        a = (a + u32::from(x)) % 65521;
+        b = (b + a) % 65521;
+    }
+    (b << 16) | a
+}
+
+/// A w×h RGB gradient as a PNG (zlib with stored blocks).
+fn gradient_png(w: u32, h: u32) -> Vec<u8> {
+    let mut raw = Vec::new();
+    for y in 0..h {
+        raw.push(0); // filter: none
+        for x in 0..w {
+            raw.extend_from_slice(&[(x * 255 / w) as u8, (y * 255 / h) as u8, 128]);
+        }
+    }
+    let mut z = vec![0x78, 0x01];
+    let blocks: Vec<&[u8]> = raw.chunks(65535).collect();
+    for (i, blk) in blocks.iter().enumerate() {
+        z.push(u8::from(i + 1 == blocks.len()));
+        let n = blk.len() as u16;
+        z.extend_from_slice(&n.to_le_bytes());
+        z.extend_from_slice(&(!n).to_le_bytes());
+        z.extend_from_slice(blk);
+    }
+    z.extend_from_slice(&adler32(&raw).to_be_bytes());
+    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut chunk = |ty: &[u8], data: &[u8]| {
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        let mut td = ty.to_vec();
+        td.extend_from_slice(data);
+        out.extend_from_slice(&td);
+        out.extend_from_slice(&crc32(&td).to_be_bytes());
+    };
+    let mut ihdr = Vec::new();
+    ihdr.extend_from_slice(&w.to_be_bytes());
+    ihdr.extend_from_slice(&h.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+    chunk(b"IHDR", &ihdr);
+    chunk(b"IDAT", &z);
+    chunk(b"IEND", &[]);
+    out
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n =
+            (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
+        for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
+            out.push(if i <= c.len() {
+                T[((n >> shift) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    out
+}
+
+fn run(model: &Path, mmproj: &Path, image: &Path) -> Output {
+    Command::new(RUN)
+        .args(["run", "-m"])
+        .arg(model)
+        .arg("--mmproj")
+        .arg(mmproj)
+        .arg("--image")
+        .arg(image)
+        .args([
+            "-p",
+            "What is in the picture?",
+            "-n",
+            "8",
+            "-c",
+            "1024",
+            "-t",
+            "2",
+            "-ngl",
+            "0",
+        ])
+        .output()
+        .expect("running pipeshard")
+}
+
+#[test]
+fn run_with_an_image_encodes_and_generates() {
+    let (model, mmproj, png, _) = fixtures();
+    let out = run(model, mmproj, png);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "pipeshard run failed:\n{err}");
+    assert!(err.contains("image:    encoded in"), "no encode time:\n{err}");
+    let decode = err.lines().find(|l| l.starts_with("decode:")).expect("a decode line");
+    let n: usize = decode.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap();
+    assert!(n > 0, "no tokens generated: {decode}");
+    // The prompt holds the image's positions, not only the text's.
+    let prompt = err.lines().find(|l| l.starts_with("prompt:")).expect("a prompt line");
+    let n_prompt: usize = prompt.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap();
+    assert!(n_prompt > 20, "image tokens missing from the prompt: {prompt}");
+}
+
+#[test]
+fn bad_images_and_flags_fail_cleanly() {
+    let (model, mmproj, _, dir) = fixtures();
+    let not_image = dir.join("not-an-image.png");
+    std::fs::write(&not_image, b"this is plain text, not a PNG").unwrap();
+    let out = run(model, mmproj, &not_image);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot read the image") && err.contains("not a supported image"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
+    let out = run(model, mmproj, &dir.join("missing.png"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("does not exist"), "{err}");
+
+    // A language model is not a projector.
+    let (_, _, png, _) = fixtures();
+    let out = run(model, model, png);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("multimodal projector"), "{err}");
+
+    // --image needs --mmproj.
+    let out = Command::new(RUN)
+        .args(["run", "-m"])
+        .arg(model)
+        .arg("--image")
+        .arg(png)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--mmproj"));
+}
+
+/// A running server, killed on drop.
+struct Server {
+    child: Child,
+    base: String,
+    log: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(extra: &[&Path]) -> Server {
+    let (model, _, _, dir) = fixtures();
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let log = dir.join(format!("server-{port}.log"));
+    let file = std::fs::File::create(&log).unwrap();
+    let mut cmd = Command::new(SERVER);
+    cmd.arg("-m").arg(model);
+    if let Some(mm) = extra.first() {
+        cmd.arg("--mmproj").arg(mm);
+    }
+    cmd.args([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "-c",
+        "1024",
+        "-t",
+        "2",
+        "-ngl",
+        "0",
+    ])
+    .stdin(Stdio::null())
+    .stdout(file.try_clone().unwrap())
+    .stderr(file);
+    let mut s = Server {
+        child: cmd.spawn().expect("spawning pipeshard-server"),
+        base: format!("http://127.0.0.1:{port}"),
+        log,
+    };
+    let t0 = Instant::now();
+    loop {
+        if let Ok(Some(st)) = s.child.try_wait() {
+            panic!(
+                "server exited with {st}:\n{}",
+                std::fs::read_to_string(&s.log).unwrap_or_default()
+            );
+        }
+        if ureq::get(&format!("{}/health", s.base)).call().is_ok() {
+            return s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "server not healthy after 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn chat_with_image(s: &Server) -> (u16, Value) {
+    let (_, _, png, _) = fixtures();
+    let uri = format!("data:image/png;base64,{}", base64(&std::fs::read(png).unwrap()));
+    let body = json!({
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Describe the image."},
+            {"type": "image_url", "image_url": {"url": uri}},
+        ]}],
+        "max_tokens": 8, "temperature": 0,
+    });
+    let res = ureq::post(&format!("{}/v1/chat/completions", s.base))
+        .timeout(Duration::from_secs(120))
+        .set("Content-Type", "application/json")
+        .send_string(&body.to_string());
+    let (code, text) = match res {
+        Ok(r) => (r.status(), r.into_string().unwrap()),
+        Err(ureq::Error::Status(c, r)) => (c, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("request failed: {e}"),
+    };
+    let v = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.clone()));
+    (code, v)
+}
+
+#[test]
+fn server_answers_image_requests_only_with_mmproj() {
+    let (_, mmproj, _, _) = fixtures();
+    let s = serve(&[mmproj]);
+    let (code, v) = chat_with_image(&s);
+    assert_eq!(code, 200, "{v}");
+    let choices = v["choices"].as_array().expect("choices");
+    assert!(!choices.is_empty(), "{v}");
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap_or(0) > 0, "{v}");
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap_or(0) > 20, "{v}");
+    // A broken data URI is the client's fault.
+    let bad = json!({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}]}]});
+    let res = ureq::post(&format!("{}/v1/chat/completions", s.base))
+        .set("Content-Type", "application/json")
+        .send_string(&bad.to_string());
+    assert!(matches!(res, Err(ureq::Error::Status(400, _))), "{res:?}");
+    drop(s);
+
+    let s = serve(&[]);
+    let (code, v) = chat_with_image(&s);
+    assert_eq!(code, 400, "{v}");
+    assert!(v.to_string().contains("--mmproj"), "{v}");
+}
