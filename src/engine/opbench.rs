@@ -76,6 +76,30 @@ impl Drop for Graph {
     }
 }
 
+impl Graph {
+    /// Build the graph that computes `out` and allocate every tensor of
+    /// `ctx` on `backend`.
+    ///
+    /// # Safety
+    /// `out` must be a tensor of `ctx`.
+    unsafe fn allocate(
+        ctx: NonNull<ffi::ggml_context>,
+        out: *mut ffi::ggml_tensor,
+        backend: &Backend,
+    ) -> Result<Graph> {
+        let graph = ffi::ggml_new_graph(ctx.as_ptr());
+        ffi::ggml_build_forward_expand(graph, out);
+        let buf = ffi::ggml_backend_alloc_ctx_tensors(ctx.as_ptr(), backend.ptr.as_ptr());
+        let g = Graph { ctx, buf, graph };
+        if buf.is_null() {
+            return Err(EngineError::InvalidArgument(
+                "allocating benchmark tensors failed".into(),
+            ));
+        }
+        Ok(g)
+    }
+}
+
 fn new_ctx(n_tensors: usize) -> Result<NonNull<ffi::ggml_context>> {
     // SAFETY: metadata-only context (no_alloc); sizes from ggml's own helpers.
     unsafe {
@@ -192,15 +216,7 @@ pub fn time_mul_mat(
         let w = ffi::ggml_new_tensor_2d(c, ty, k, n);
         let x = ffi::ggml_new_tensor_2d(c, ffi::GGML_TYPE_F32, k, tokens);
         let y = ffi::ggml_mul_mat(c, w, x);
-        let graph = ffi::ggml_new_graph(c);
-        ffi::ggml_build_forward_expand(graph, y);
-        let buf = ffi::ggml_backend_alloc_ctx_tensors(c, backend.ptr.as_ptr());
-        let g = Graph { ctx, buf, graph };
-        if buf.is_null() {
-            return Err(EngineError::InvalidArgument(
-                "allocating benchmark tensors failed".into(),
-            ));
-        }
+        let g = Graph::allocate(ctx, y, backend)?;
         fill_random(w, 1);
         fill_random(x, 2);
         time_graph(backend, &g, 3, min_time)
@@ -227,15 +243,7 @@ pub fn time_mul_mat_id(
         let x = ffi::ggml_new_tensor_3d(c, ffi::GGML_TYPE_F32, k, n_used, tokens);
         let ids = ffi::ggml_new_tensor_2d(c, ffi::GGML_TYPE_I32, n_used, tokens);
         let y = ffi::ggml_mul_mat_id(c, w, x, ids);
-        let graph = ffi::ggml_new_graph(c);
-        ffi::ggml_build_forward_expand(graph, y);
-        let buf = ffi::ggml_backend_alloc_ctx_tensors(c, backend.ptr.as_ptr());
-        let g = Graph { ctx, buf, graph };
-        if buf.is_null() {
-            return Err(EngineError::InvalidArgument(
-                "allocating benchmark tensors failed".into(),
-            ));
-        }
+        let g = Graph::allocate(ctx, y, backend)?;
         fill_random(w, 3);
         fill_random(x, 4);
         let mut idv: Vec<i32> = Vec::with_capacity((n_used * tokens) as usize);
@@ -278,15 +286,7 @@ pub fn time_flash_attn(
         let v = ffi::ggml_new_tensor_4d(c, ffi::GGML_TYPE_F16, head_dim, n_kv, n_head_kv, 1);
         let mask = ffi::ggml_new_tensor_4d(c, ffi::GGML_TYPE_F16, n_kv, tokens, 1, 1);
         let y = ffi::ggml_flash_attn_ext(c, q, k, v, mask, 1.0 / (head_dim as f32).sqrt(), 0.0, 0.0);
-        let graph = ffi::ggml_new_graph(c);
-        ffi::ggml_build_forward_expand(graph, y);
-        let buf = ffi::ggml_backend_alloc_ctx_tensors(c, backend.ptr.as_ptr());
-        let g = Graph { ctx, buf, graph };
-        if buf.is_null() {
-            return Err(EngineError::InvalidArgument(
-                "allocating benchmark tensors failed".into(),
-            ));
-        }
+        let g = Graph::allocate(ctx, y, backend)?;
         fill_random(q, 5);
         fill_random(k, 6);
         fill_random(v, 7);
