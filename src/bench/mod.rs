@@ -91,8 +91,7 @@ pub struct PolicyResult {
 }
 
 fn cpu_buft() -> Option<BufferType> {
-    let cpu = engine::list_devices().into_iter().find(|d| d.kind == DeviceKind::Cpu)?;
-    engine::device_buffer_types(cpu.index).map(|(b, _)| b)
+    engine::device_buffer_types(engine::first_device(DeviceKind::Cpu)?.index).map(|(b, _)| b)
 }
 
 /// Device bytes a placement needs, measured by a no-alloc dry run.
@@ -179,15 +178,9 @@ pub fn run_policy(
             let p: Plan = plan::make_plan(info, profile, &req)?;
             let applied = plan::apply::apply(&p)?;
             predicted = Some(p.predicted);
-            ctx_params.n_ubatch = applied.n_ubatch;
-            ctx_params.n_batch = ctx_params.n_batch.max(applied.n_ubatch);
-            ctx_params.offload = Some(applied.offload.clone());
-            let mp = ModelParams {
-                n_gpu_layers: applied.n_gpu_layers,
-                use_mmap: applied.use_mmap,
-                placement: Some(applied.placement.clone()),
-                ..Default::default()
-            };
+            applied.configure_context(&mut ctx_params);
+            let mut mp = ModelParams::default();
+            applied.configure_model(&mut mp);
             (
                 mp,
                 format!(
@@ -245,10 +238,7 @@ pub fn run_policy(
         }
     };
 
-    let gpu_index = engine::list_devices()
-        .into_iter()
-        .find(|d| d.kind == DeviceKind::Gpu)
-        .map(|d| d.index);
+    let gpu_index = engine::first_device(DeviceKind::Gpu).map(|d| d.index);
     let sampler = MemorySampler::start(gpu_index);
     let t_load = Instant::now();
     let model = Arc::new(Model::load(path, mp)?);

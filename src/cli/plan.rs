@@ -34,10 +34,7 @@ impl BudgetArgs {
         match self.vram_budget.as_deref() {
             None => Ok(None),
             Some("auto") => {
-                let gpu = engine::list_devices()
-                    .into_iter()
-                    .find(|d| d.kind == engine::DeviceKind::Gpu)
-                    .context("--vram-budget auto needs a GPU")?;
+                let gpu = engine::first_device(engine::DeviceKind::Gpu).context("--vram-budget auto needs a GPU")?;
                 let margin = (gpu.total_bytes / 20).max(512 << 20);
                 Ok(Some(gpu.free_bytes.saturating_sub(margin)))
             }

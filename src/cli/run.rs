@@ -131,12 +131,8 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
             plan.workload.prompt_tokens,
             plan.workload.gen_tokens
         );
-        model_params.n_gpu_layers = applied.n_gpu_layers;
-        model_params.use_mmap = applied.use_mmap;
-        model_params.placement = Some(applied.placement.clone());
-        ctx_params.n_ubatch = applied.n_ubatch;
-        ctx_params.n_batch = ctx_params.n_batch.max(applied.n_ubatch);
-        ctx_params.offload = Some(applied.offload.clone());
+        applied.configure_model(&mut model_params);
+        applied.configure_context(&mut ctx_params);
     }
 
     let t_load = Instant::now();

@@ -158,9 +158,14 @@ pub fn list_devices() -> Vec<Device> {
     }
 }
 
+/// The first loaded device of a kind (ggml lists GPUs before the CPU).
+pub fn first_device(kind: DeviceKind) -> Option<Device> {
+    list_devices().into_iter().find(|d| d.kind == kind)
+}
+
 /// Whether any GPU device was loaded.
 pub fn has_gpu() -> bool {
-    list_devices().iter().any(|d| d.kind == DeviceKind::Gpu)
+    first_device(DeviceKind::Gpu).is_some()
 }
 
 /// Free memory of one device right now, bytes.

@@ -23,7 +23,7 @@ mod placement;
 mod sampler;
 mod vision;
 
-pub use backend::{device_free_bytes, has_gpu, init, list_devices, Device, DeviceKind};
+pub use backend::{device_free_bytes, first_device, has_gpu, init, list_devices, Device, DeviceKind};
 pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAttention};
 pub use error::{EngineError, Result};
 pub use memory::{buffer_types, device_buffer_types, BufferType, MemoryBreakdown};

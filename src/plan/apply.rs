@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{Exec, Plan};
-use crate::engine::{self, BufferType, DeviceKind, Offload, OffloadPolicy, OffloadQuery, TensorPlacement};
+use crate::engine::{
+    self, BufferType, ContextParams, DeviceKind, ModelParams, Offload, OffloadPolicy, OffloadQuery, TensorPlacement,
+};
 
 /// Why a plan cannot be applied on this machine.
 #[derive(Debug, thiserror::Error)]
@@ -27,21 +29,27 @@ pub struct Applied {
     pub n_ubatch: u32,
 }
 
-fn gpu_buffer_types() -> Option<(BufferType, Option<BufferType>)> {
-    let dev = engine::list_devices().into_iter().find(|d| d.kind == DeviceKind::Gpu)?;
-    engine::device_buffer_types(dev.index)
+impl Applied {
+    /// Load-time settings of the plan: placement, KV layers, mmap.
+    pub fn configure_model(&self, params: &mut ModelParams<'_>) {
+        params.n_gpu_layers = self.n_gpu_layers;
+        params.use_mmap = self.use_mmap;
+        params.placement = Some(self.placement.clone());
+    }
+
+    /// Context settings of the plan: its ubatch and per-op offload decisions.
+    pub fn configure_context(&self, params: &mut ContextParams) {
+        params.n_ubatch = self.n_ubatch;
+        params.n_batch = params.n_batch.max(self.n_ubatch);
+        params.offload = Some(self.offload.clone());
+    }
 }
 
 /// Build the placement callback and offload policy for `plan`.
 pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
-    let (gpu, host) = gpu_buffer_types().ok_or(ApplyError::NoGpu)?;
-    let cpu = engine::device_buffer_types(
-        engine::list_devices()
-            .into_iter()
-            .find(|d| d.kind == DeviceKind::Cpu)
-            .map_or(0, |d| d.index),
-    )
-    .map(|(b, _)| b);
+    let buffer_types = |kind| engine::first_device(kind).and_then(|d| engine::device_buffer_types(d.index));
+    let (gpu, host) = buffer_types(DeviceKind::Gpu).ok_or(ApplyError::NoGpu)?;
+    let cpu = buffer_types(DeviceKind::Cpu).map(|(b, _)| b);
     let host_buft = if plan.pinned { host.or(cpu) } else { cpu };
 
     let homes: HashMap<String, Option<BufferType>> = plan

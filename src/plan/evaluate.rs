@@ -19,7 +19,6 @@ pub struct Evaluator {
     /// Per size: attention seconds summed over all chunks of that size.
     attention: Vec<f64>,
     kv_gpu_from: u32,
-    n_layer: u32,
     switch_s: f64,
     pub workload: Workload,
     pub ubatch: u32,
@@ -104,7 +103,6 @@ impl Evaluator {
             times,
             attention,
             kv_gpu_from,
-            n_layer: model.n_layer,
             switch_s: cm.overheads.device_switch_s,
             workload,
             ubatch: u,
@@ -160,7 +158,6 @@ impl Evaluator {
                 visit(e != Exec::Cpu);
             }
         }
-        let _ = self.n_layer;
         total + switches as f64 * self.switch_s
     }
 

@@ -51,10 +51,7 @@ pub struct ProfileKey {
 impl ProfileKey {
     /// The key of this machine, with the devices ggml has loaded.
     pub fn current(threads: i32) -> ProfileKey {
-        let gpu = crate::engine::list_devices()
-            .into_iter()
-            .find(|d| d.kind == crate::engine::DeviceKind::Gpu)
-            .map(|d| d.description);
+        let gpu = crate::engine::first_device(crate::engine::DeviceKind::Gpu).map(|d| d.description);
         ProfileKey {
             cpu: cpu_model(),
             gpu,
@@ -213,14 +210,9 @@ impl MachineProfile {
             return f64::INFINITY;
         };
         let same: Vec<&&MatmulSample> = samples.iter().filter(|s| s.ty == ty_name).collect();
-        let lt = (tokens.max(1) as f64).ln();
         // Two nearest batch sizes around `tokens`, interpolated per token.
         let mut by_dist: Vec<&&&MatmulSample> = same.iter().collect();
-        by_dist.sort_by(|a, b| {
-            let da = ((a.tokens as f64).ln() - lt).abs();
-            let db = ((b.tokens as f64).ln() - lt).abs();
-            da.partial_cmp(&db).unwrap_or(std::cmp::Ordering::Equal)
-        });
+        by_dist.sort_by(|a, b| closer_in_batch(a.tokens, b.tokens, tokens));
         let Some(best) = by_dist.first() else {
             return f64::INFINITY;
         };
@@ -269,13 +261,11 @@ impl MachineProfile {
             .filter(|s| s.device == device && s.experts.is_some() && !s.link_busy)
             .collect();
         let ty_name = nearest_type(&samples, ty);
-        let lt = (tokens.max(1) as f64).ln();
         let best = ty_name.and_then(|name| {
-            samples.iter().filter(|s| s.ty == name).min_by(|a, b| {
-                let da = ((a.tokens as f64).ln() - lt).abs();
-                let db = ((b.tokens as f64).ln() - lt).abs();
-                da.partial_cmp(&db).unwrap_or(std::cmp::Ordering::Equal)
-            })
+            samples
+                .iter()
+                .filter(|s| s.ty == name)
+                .min_by(|a, b| closer_in_batch(a.tokens, b.tokens, tokens))
         });
         match best {
             Some(s) => {
@@ -304,12 +294,11 @@ impl MachineProfile {
     /// positions, scaled from the nearest sample by work.
     pub fn attention_seconds(&self, device: Device, head_dim: u64, n_head: u64, tokens: u64, n_kv: u64) -> f64 {
         let work = |hd: f64, h: f64, t: f64, kv: f64| hd * h * t * kv.max(1.0);
-        let lt = (tokens.max(1) as f64).ln();
-        let best = self.attention.iter().filter(|s| s.device == device).min_by(|a, b| {
-            let da = ((a.tokens as f64).ln() - lt).abs();
-            let db = ((b.tokens as f64).ln() - lt).abs();
-            da.partial_cmp(&db).unwrap_or(std::cmp::Ordering::Equal)
-        });
+        let best = self
+            .attention
+            .iter()
+            .filter(|s| s.device == device)
+            .min_by(|a, b| closer_in_batch(a.tokens, b.tokens, tokens));
         match best {
             Some(s) => {
                 s.seconds * work(head_dim as f64, n_head as f64, tokens as f64, n_kv as f64)
@@ -318,6 +307,15 @@ impl MachineProfile {
             None => 0.0,
         }
     }
+}
+
+/// Orders two measured batch sizes by how close they are to `tokens` on a
+/// log scale (the nearest sample first).
+fn closer_in_batch(a: i64, b: i64, tokens: u64) -> std::cmp::Ordering {
+    let target = (tokens.max(1) as f64).ln();
+    let da = ((a.max(1) as f64).ln() - target).abs();
+    let db = ((b.max(1) as f64).ln() - target).abs();
+    da.partial_cmp(&db).unwrap_or(std::cmp::Ordering::Equal)
 }
 
 /// The measured type closest to `ty` in bits per weight.

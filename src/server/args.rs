@@ -255,22 +255,9 @@ fn all_opts() -> impl Iterator<Item = &'static UpstreamOpt> {
     UPSTREAM_OPTS.iter().chain(PIPESHARD_OPTS.iter())
 }
 
-/// Parse a byte size: plain bytes or with a K/M/G/T suffix (binary; "GB"
-/// and "GiB" both mean 2^30).
+/// Parse a byte size ("6GiB", "512M", plain bytes): the planner's parser.
 pub fn parse_bytes(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let num: f64 = num.parse().ok()?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        _ => return None,
-    };
-    (num >= 0.0 && num.is_finite()).then_some((num * mult as f64) as u64)
+    crate::plan::parse_bytes(s).ok()
 }
 
 fn gather(argv: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Given>, ArgsError> {

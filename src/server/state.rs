@@ -120,19 +120,15 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
             crate::plan::fmt_bytes(plan.vram.total),
             crate::plan::fmt_bytes(plan.vram.budget)
         );
-        mparams.n_gpu_layers = applied.n_gpu_layers;
-        mparams.use_mmap = applied.use_mmap;
-        mparams.placement = Some(applied.placement.clone());
+        applied.configure_model(&mut mparams);
     }
     tracing::info!("loading model {}", path.display());
     let model = Model::load(&path, mparams).map_err(|e| err(&e))?;
     let model = Arc::new(model);
     let n_parallel = config.n_parallel.max(1);
-    let cparams = ContextParams {
+    let mut cparams = ContextParams {
         n_ctx: config.n_ctx,
-        n_batch: planned
-            .as_ref()
-            .map_or(config.n_batch, |(_, a)| config.n_batch.max(a.n_ubatch)),
+        n_batch: config.n_batch,
         n_seq_max: n_parallel,
         n_threads: config.threads,
         n_threads_batch: config.threads_batch.or(config.threads),
@@ -143,9 +139,12 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         type_k: config.cache_type_k.as_deref().and_then(kv_type),
         type_v: config.cache_type_v.as_deref().and_then(kv_type),
         kv_unified: config.kv_unified,
-        n_ubatch: planned.as_ref().map_or(config.n_ubatch, |(_, a)| a.n_ubatch),
-        offload: planned.as_ref().map(|(_, a)| a.offload.clone()),
+        n_ubatch: config.n_ubatch,
+        offload: None,
     };
+    if let Some((_, applied)) = &planned {
+        applied.configure_context(&mut cparams);
+    }
     let (scheduler, mem) = scheduler::spawn(model.clone(), cparams.clone(), metrics.clone()).map_err(|e| err(&e))?;
     let vram: u64 = mem.iter().filter(|m| !m.is_host).map(|m| m.total()).sum();
     let embedder = if config.embeddings {
@@ -172,6 +171,7 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
             let v = VisionHandle::spawn(
                 model.clone(),
                 mm,
+                config.media_dir.clone(),
                 config.mmproj_offload && config.n_gpu_layers != 0,
                 ContextParams {
                     n_ctx: n,
@@ -181,8 +181,6 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
                 },
             )
             .map_err(|e| err(&e))?;
-            let mut v = v;
-            v.media_dir = config.media_dir.clone();
             tracing::info!(
                 "vision requests are served one at a time ({} tokens of context)",
                 v.n_ctx

@@ -38,8 +38,15 @@ pub struct VisionHandle {
 
 impl VisionHandle {
     /// Load the projector and start the worker; fails when the projector
-    /// cannot be loaded for this model.
-    pub fn spawn(model: Arc<Model>, mmproj: &Path, use_gpu: bool, params: ContextParams) -> Result<Self, EngineError> {
+    /// cannot be loaded for this model. `media_dir` is where `image_url`
+    /// may read local files (`--media-dir`).
+    pub fn spawn(
+        model: Arc<Model>,
+        mmproj: &Path,
+        media_dir: Option<std::path::PathBuf>,
+        use_gpu: bool,
+        params: ContextParams,
+    ) -> Result<Self, EngineError> {
         let (tx, rx) = std::sync::mpsc::channel::<VisionJob>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let mmproj = mmproj.to_path_buf();
@@ -71,11 +78,7 @@ impl VisionHandle {
         let n_ctx = ready_rx
             .recv()
             .map_err(|_| EngineError::InvalidArgument("the vision worker died while loading".into()))??;
-        Ok(VisionHandle {
-            tx,
-            n_ctx,
-            media_dir: None,
-        })
+        Ok(VisionHandle { tx, n_ctx, media_dir })
     }
 
     /// Queue a request; events come back on the receiver (dropping it
