@@ -409,3 +409,55 @@ fn over_budget_upstream_never_counts_as_best() {
     assert_eq!(bars, 2 * 4, "{svg}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The greedy trace behind `pipeshard lossless`, on the CPU: the same
+/// placement reproduces itself exactly, and changing only where host-weight
+/// ops may run (on a CPU-only machine: nowhere else) changes nothing.
+#[test]
+fn greedy_traces_of_one_placement_are_identical() {
+    use pipeshard::bench::lossless::{compare, greedy_trace};
+    use pipeshard::engine::{Context, ContextParams, Offload, OffloadPolicy};
+    let model = common::load_default_model();
+    let params = ContextParams {
+        n_ctx: 512,
+        n_batch: 64,
+        n_ubatch: 64,
+        n_threads: Some(2),
+        ..Default::default()
+    };
+    let prompt = model.tokenize("Once upon a time", true, false).unwrap();
+    let a = greedy_trace(&mut Context::new(&model, params.clone()).unwrap(), &prompt, 12).unwrap();
+    assert_eq!((a.tokens.len(), a.logits.len()), (12, 12));
+    assert_eq!(a.logits[0].len(), model.n_vocab() as usize);
+    let cpu: OffloadPolicy = std::sync::Arc::new(|_| Offload::Cpu);
+    let b = greedy_trace(
+        &mut Context::new(
+            &model,
+            ContextParams {
+                offload: Some(cpu),
+                stream_slots: 2,
+                ..params
+            },
+        )
+        .unwrap(),
+        &prompt,
+        12,
+    )
+    .unwrap();
+    let c = compare(&a, &b);
+    assert!(c.identical_tokens(), "{c:?}");
+    assert_eq!(c.max_abs_logit_diff, 0.0);
+    // Overflowing the context is an error, not a crash.
+    let mut small = Context::new(
+        &model,
+        ContextParams {
+            n_ctx: 256,
+            n_batch: 64,
+            n_ubatch: 64,
+            n_threads: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(greedy_trace(&mut small, &prompt, 1000).is_err());
+}

@@ -1,6 +1,8 @@
 //! Placement hooks from patch 0002, on the CPU: the tensor callback sees
 //! every weight, and the offload callback sees every op with a host weight,
-//! with the ubatch size of the tier it runs in.
+//! with the ubatch size of the tier it runs in. And the weight-streaming
+//! schedule of patch 0003 (the scheduler's own code): slot rotation and the
+//! order of copies, events and computes.
 
 mod common;
 
@@ -8,8 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use pipeshard::engine::{
-    buffer_types, Context, ContextParams, Model, ModelParams, Offload, OffloadPolicy, OpKind, SamplingParams,
-    TensorPlacement,
+    buffer_types, stream_schedule, Context, ContextParams, Model, ModelParams, Offload, OffloadPolicy, OpKind,
+    SamplingParams, StreamStep, TensorPlacement,
 };
 use pipeshard::generate::{generate, GenerateRequest};
 
@@ -96,4 +98,152 @@ fn offload_callback_sees_each_weight_op_with_its_tier() {
     .unwrap();
     let without = generate(&mut plain, &req, |_| true).unwrap();
     assert_eq!(with_policy.tokens, without.tokens);
+}
+
+/// Split patterns: which splits of a graph stream weights.
+fn split_patterns() -> Vec<Vec<bool>> {
+    let mut v = vec![vec![], vec![false; 5], vec![true; 7]];
+    // A dense layer: attention resident, gate/up/down streamed.
+    v.push((0..32).flat_map(|_| [false, true, true, true]).collect());
+    // Pseudo-random mixes.
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for len in [1usize, 2, 3, 9, 40, 97] {
+        v.push(
+            (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x % 3 != 0
+                })
+                .collect(),
+        );
+    }
+    v
+}
+
+#[test]
+fn stream_schedule_rotates_slots_in_order_of_use() {
+    for streams in split_patterns() {
+        for n_slots in 1..=4 {
+            let sched = stream_schedule(&streams, n_slots);
+            assert_eq!(sched.len(), streams.len());
+            let users: Vec<usize> = (0..streams.len()).filter(|&i| streams[i]).collect();
+            for (i, step) in sched.iter().enumerate() {
+                assert_eq!(step.is_some(), streams[i], "split {i}: a slot iff it streams");
+            }
+            for (k, &i) in users.iter().enumerate() {
+                let StreamStep { slot, issue_after } = sched[i].unwrap();
+                assert_eq!(slot, k % n_slots, "the k-th streaming split uses slot k mod n");
+                // Its copy is issued after the previous user of the slot, the
+                // (k - n)-th streaming split, or up front for the first n.
+                let expected = k.checked_sub(n_slots).map(|p| users[p]);
+                assert_eq!(issue_after, expected, "split {i} (streaming #{k}, {n_slots} slots)");
+            }
+        }
+    }
+}
+
+/// Replays the order in which the scheduler issues work on the host
+/// (ggml_backend_sched_compute_splits with streaming): the first copies up
+/// front, then per split: wait for its copy, compute, release the slot, issue
+/// the copy that follows. Checks every wait names a copy already issued, and
+/// no slot is refilled before the split reading it has been released.
+#[test]
+fn stream_schedule_orders_copies_events_and_computes() {
+    #[derive(Debug, PartialEq)]
+    enum Ev {
+        Copy { split: usize, slot: usize },
+        Wait { split: usize, slot: usize },
+        Compute { split: usize },
+        Release { split: usize, slot: usize },
+    }
+    for streams in split_patterns() {
+        for n_slots in 1..=4 {
+            let sched = stream_schedule(&streams, n_slots);
+            let mut log = Vec::new();
+            for (i, step) in sched.iter().enumerate() {
+                if let Some(StreamStep { slot, issue_after: None }) = step {
+                    log.push(Ev::Copy { split: i, slot: *slot });
+                }
+            }
+            for (i, step) in sched.iter().enumerate() {
+                if let Some(s) = step {
+                    log.push(Ev::Wait { split: i, slot: s.slot });
+                }
+                log.push(Ev::Compute { split: i });
+                if let Some(s) = step {
+                    log.push(Ev::Release { split: i, slot: s.slot });
+                    for (j, next) in sched.iter().enumerate() {
+                        if let Some(n) = next {
+                            if n.issue_after == Some(i) {
+                                assert_eq!(n.slot, s.slot, "split {j} reuses the slot split {i} released");
+                                log.push(Ev::Copy { split: j, slot: n.slot });
+                            }
+                        }
+                    }
+                }
+            }
+            let pos = |e: &Ev| log.iter().position(|x| x == e);
+            // Which split's data each slot holds, replayed in order.
+            let mut holds: Vec<Option<usize>> = vec![None; n_slots];
+            let mut released: Vec<bool> = vec![true; n_slots];
+            for e in &log {
+                match *e {
+                    Ev::Copy { split, slot } => {
+                        assert!(released[slot], "slot {slot} refilled for split {split} while in use");
+                        holds[slot] = Some(split);
+                        released[slot] = false;
+                    }
+                    Ev::Wait { split, slot } => {
+                        assert_eq!(holds[slot], Some(split), "split {split} waits on a copy not yet issued");
+                    }
+                    Ev::Compute { .. } => {}
+                    Ev::Release { split, slot } => {
+                        assert_eq!(holds[slot], Some(split));
+                        released[slot] = true;
+                    }
+                }
+            }
+            for (i, step) in sched.iter().enumerate() {
+                if let Some(s) = step {
+                    let copy = pos(&Ev::Copy { split: i, slot: s.slot }).expect("every streaming split is copied");
+                    let wait = pos(&Ev::Wait { split: i, slot: s.slot }).unwrap();
+                    let compute = pos(&Ev::Compute { split: i }).unwrap();
+                    assert!(copy < wait && wait < compute, "split {i}: copy, wait, compute");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn stream_slots_without_a_gpu_change_nothing() {
+    let model = common::load_default_model();
+    let params = ContextParams {
+        n_ctx: 512,
+        n_batch: 64,
+        n_ubatch: 64,
+        n_threads: Some(2),
+        ..Default::default()
+    };
+    let prompt = model.tokenize("The capital of France is", true, false).unwrap();
+    let req = GenerateRequest {
+        prompt,
+        n_predict: 8,
+        sampling: SamplingParams::greedy(),
+        stop: vec![],
+    };
+    let mut plain = Context::new(&model, params.clone()).unwrap();
+    let a = generate(&mut plain, &req, |_| true).unwrap();
+    let mut streamed = Context::new(
+        &model,
+        ContextParams {
+            stream_slots: 2,
+            ..params
+        },
+    )
+    .unwrap();
+    let b = generate(&mut streamed, &req, |_| true).unwrap();
+    assert_eq!(a.tokens, b.tokens);
 }

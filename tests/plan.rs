@@ -66,7 +66,21 @@ fn plans_stay_within_budget_and_more_budget_is_never_slower() {
             assert_eq!(resident, p.vram.weights, "{name}: weights in the breakdown");
             assert_eq!(
                 p.vram.total,
-                p.vram.weights + p.vram.kv_cache + p.vram.compute + p.vram.reserve
+                p.vram.weights + p.vram.kv_cache + p.vram.compute + p.vram.stream_slots + p.vram.reserve
+            );
+            // The slots hold the largest weight that streams in some tier.
+            let largest_streamed = p
+                .tensors
+                .iter()
+                .filter(|t| !t.resident && t.exec.iter().any(|(_, e)| *e == Exec::Stream))
+                .map(|t| t.vram_bytes.div_ceil(128) * 128)
+                .max()
+                .unwrap_or(0);
+            assert_eq!(p.stream_slots, plan::DEFAULT_STREAM_SLOTS, "{name}: overlapped by default");
+            assert_eq!(
+                p.vram.stream_slots,
+                largest_streamed * p.stream_slots as u64,
+                "{name} at {budget_gib} GiB: slot bytes in the budget"
             );
             assert!(
                 p.vram.total <= budget,
@@ -167,4 +181,22 @@ fn budget_parsing() {
     assert!(plan::parse_bytes("lots").is_err());
     assert!(plan::parse_bytes("4 parsecs").is_err());
     assert!(plan::parse_bytes("-1GiB").is_err());
+}
+
+#[test]
+fn synchronous_streaming_needs_no_slots_and_counts_copies_in_compute() {
+    let profile = fixture();
+    let (_, info) = &shapes()[0];
+    let mut req = PlanRequest::new(4 * GIB, 4352);
+    req.stream_slots = 0;
+    let sync = plan::make_plan(info, &profile, &req).unwrap();
+    assert_eq!((sync.stream_slots, sync.vram.stream_slots), (0, 0));
+    assert_eq!(sync.streaming, plan::Streaming::Synchronous);
+    req.stream_slots = 3;
+    let over = plan::make_plan(info, &profile, &req).unwrap();
+    assert_eq!(over.streaming, plan::Streaming::Overlapped);
+    assert_eq!(over.stream_slots, 3);
+    assert!(over.vram.total <= 4 * GIB);
+    // Overlapping copies with compute can only predict faster.
+    assert!(objective(&over) <= objective(&sync) + 1e-9);
 }

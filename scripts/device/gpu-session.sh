@@ -80,5 +80,51 @@ final() {
     bench_policies r2-budgets r2 8GiB,12GiB pipeshard
 }
 
+# Session 2 (issue 4, overlapped streaming): call s1, then s2 within the
+# machine's warm window. The committed H200 profile is used when the GPU is
+# an H200; otherwise a fast profile is measured.
+sprep() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
+    [[ -f dist/lib/libggml-cuda.so ]] || ( time bash dist/build-cuda.sh dist 90 --native-cpu ) > "$RES/build-cuda.log" 2>&1 \
+        || { tail -30 "$RES/build-cuda.log"; exit 1; }
+    [[ -f $W/r1.gguf ]] || $P synth --arch llama3.1-8b --quant q4_0 -o "$W/r1.gguf"
+    [[ -f $W/r2.gguf ]] || $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf"
+    if [[ ! -f $RES/profile.yaml ]]; then
+        if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+            cp profiles/intel-r-xeon-r-processor__nvidia-h200__t16.yaml "$RES/profile.yaml"
+        else
+            $P profile --mode fast -t 16 -o "$RES/profile.yaml"
+        fi
+    fi
+}
+
+lossless() { # NAME MODEL BUDGET [EXTRA...]
+    local name=$1 model=$2 budget=$3; shift 3
+    timeout 300 $P lossless -m "$model" --vram-budget "$budget" --profile "$RES/profile.yaml" -n 128 -t 16 "$@" \
+        > "$RES/lossless-$name.json" 2> "$RES/lossless-$name.log" || echo "lossless $name failed: $?" | tee -a "$RES/lossless-$name.log"
+    tail -1 "$RES/lossless-$name.log"
+}
+
+s1() {
+    sprep
+    cp .stash/smol.part1 "$W/"
+    lossless r1-stream-all "$W/r1.gguf" 2GiB --stream-all
+    timeout 330 $P bench -m "$W/r1.gguf" --vram-budget 2GiB --policies pipeshard,pipeshard-sync,fit,ngl,attn-gpu \
+        -p 4096 -n 64 -r 2 -t 16 --profile "$RES/profile.yaml" -o "$RES/r1-ref" > "$RES/r1-ref.log" 2>&1
+    tail -12 "$RES/r1-ref.log"
+}
+
+s2() {
+    cat "$W/smol.part1" .stash/smol.part2 > "$W/smol.gguf"
+    echo "$SMOL_SHA  $W/smol.gguf" | sha256sum -c
+    lossless smol-stream-all "$W/smol.gguf" 64MiB --stream-all
+    lossless r1-plan "$W/r1.gguf" 2GiB
+    lossless r2-stream-all "$W/r2.gguf" 4GiB --stream-all
+    timeout 330 $P bench -m "$W/r2.gguf" --vram-budget 4GiB --policies pipeshard,pipeshard-sync,fit,ngl,attn-gpu \
+        -p 4096 -n 64 -r 2 -t 16 --profile "$RES/profile.yaml" -o "$RES/r2-ref" > "$RES/r2-ref.log" 2>&1
+    tail -12 "$RES/r2-ref.log"
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results

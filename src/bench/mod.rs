@@ -5,6 +5,7 @@
 //! then decodes greedily at that depth (tokens/s), while a sampler thread
 //! reads the device's free memory to find the peak actually used.
 
+pub mod lossless;
 mod memory;
 mod report;
 
@@ -29,6 +30,9 @@ use crate::plan::{self, Plan};
 pub enum Policy {
     /// pipeshard's plan from the cost model.
     Pipeshard,
+    /// The same plan with llama.cpp's synchronous copy per streamed weight
+    /// instead of the streaming slots: what overlapping copies buys.
+    PipeshardSync,
     /// Upstream's fit, emulated: dry-run probes that move MoE experts (or
     /// whole layers, for dense models) to the CPU until the rest fits.
     Fit,
@@ -141,7 +145,7 @@ fn upstream_params(policy: Policy, info: &ModelInfo, n: u32) -> ModelParams<'sta
                 mp.n_gpu_layers = n as i32;
             }
         }
-        Policy::Pipeshard => {}
+        Policy::Pipeshard | Policy::PipeshardSync => {}
     }
     mp
 }
@@ -168,7 +172,7 @@ pub fn run_policy(
     let mut predicted = None;
     let margin = 64u64 << 20;
     let (mp, setting): (ModelParams<'static>, String) = match policy {
-        Policy::Pipeshard => {
+        Policy::Pipeshard | Policy::PipeshardSync => {
             let profile = profile.ok_or(plan::PlanError::NoGpuProfile)?;
             let mut req = plan::PlanRequest::new(budget, n_ctx as u64);
             req.workload = plan::Workload {
@@ -179,14 +183,25 @@ pub fn run_policy(
             let applied = plan::apply::apply(&p)?;
             predicted = Some(p.predicted);
             applied.configure_context(&mut ctx_params);
+            if policy == Policy::PipeshardSync {
+                ctx_params.stream_slots = 0;
+            }
             let mut mp = ModelParams::default();
             applied.configure_model(&mut mp);
+            let streamed: u64 = p
+                .tensors
+                .iter()
+                .filter(|t| t.exec.iter().any(|&(n, e)| n == p.ubatch && e == plan::Exec::Stream))
+                .map(|t| t.bytes)
+                .sum();
             (
                 mp,
                 format!(
-                    "ub {}, {} resident, KV {}/{} layers",
+                    "ub {}, {} resident, {} streamed per ubatch, {} slots, KV {}/{} layers",
                     p.ubatch,
                     plan::fmt_bytes(p.resident_bytes()),
+                    plan::fmt_bytes(streamed),
+                    ctx_params.stream_slots,
                     p.kv_gpu_layers,
                     p.n_layer
                 ),

@@ -106,7 +106,7 @@ impl BenchRow {
 fn best_upstream(rows: &[BenchRow], budget: u64) -> (Option<f64>, Option<f64>) {
     let up = rows
         .iter()
-        .filter(|r| r.budget == budget && r.policy != Policy::Pipeshard && r.valid());
+        .filter(|r| r.budget == budget && !matches!(r.policy, Policy::Pipeshard | Policy::PipeshardSync) && r.valid());
     let ttft = up
         .clone()
         .map(|r| r.ttft_s)
@@ -200,8 +200,8 @@ fn svg(title: &str, rows: &[BenchRow]) -> String {
     let mut budgets: Vec<u64> = rows.iter().map(|r| r.budget).collect();
     budgets.sort_unstable();
     budgets.dedup();
-    let policies = [Policy::Pipeshard, Policy::Fit, Policy::Ngl, Policy::AttnGpu];
-    let colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"];
+    let policies = [Policy::Pipeshard, Policy::PipeshardSync, Policy::Fit, Policy::Ngl, Policy::AttnGpu];
+    let colors = ["#d62728", "#ff9896", "#1f77b4", "#2ca02c", "#9467bd"];
     let (w, h, pad) = (900.0, 360.0, 50.0);
     let mut s = format!(
         "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{}' font-family='sans-serif' font-size='12'>\n<text x='10' y='20' font-size='15'>{title}</text>\n",

@@ -54,12 +54,12 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
         .split(',')
         .map(plan::parse_bytes)
         .collect::<Result<_, _>>()?;
-    let profile = if args.policies.contains(&Policy::Pipeshard) {
+    let profile = if args.policies.iter().any(|p| matches!(p, Policy::Pipeshard | Policy::PipeshardSync)) {
         let b = BudgetArgs {
             vram_budget: None,
             profile: args.profile.clone(),
             plan: None,
-            overlapped: false,
+            stream_slots: crate::cli::plan::DEFAULT_SLOTS,
         };
         match resolve_profile(&b, threads) {
             Ok(p) => Some(p),

@@ -1,6 +1,7 @@
 //! Subcommands of the `pipeshard` binary.
 
 mod bench;
+mod lossless;
 mod plan;
 mod run;
 mod serve;
@@ -46,6 +47,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve the llama-server HTTP and OpenAI APIs (takes llama-server's flags).
     Serve(serve::ServeArgs),
+    /// Compare greedy generation under a plan with the full-GPU placement (tokens, max |logit diff|).
+    Lossless(lossless::LosslessArgs),
 }
 
 /// llama.cpp's multi-letter short flags, spelled as our long ones.
@@ -83,6 +86,7 @@ pub fn main() -> ExitCode {
         Command::Synth(args) => synth::synth_cmd(args),
         Command::Bench(args) => bench::bench_cmd(&cli.global, args),
         Command::Serve(args) => serve::run(&cli.global, args),
+        Command::Lossless(args) => lossless::lossless_cmd(&cli.global, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

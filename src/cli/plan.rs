@@ -5,11 +5,13 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result};
 
 use pipeshard::engine;
-use pipeshard::plan::{self, Format, PlanRequest, Streaming, Workload};
+use pipeshard::plan::{self, Format, PlanRequest, Workload};
 use pipeshard::profile::{self, MachineProfile, ProfileMode};
 use pipeshard::progress;
 
 use super::GlobalArgs;
+
+pub const DEFAULT_SLOTS: u32 = plan::DEFAULT_STREAM_SLOTS;
 
 /// Options shared by everything that plans: `plan`, `run`, `serve`, `bench`.
 #[derive(clap::Args, Clone, Debug)]
@@ -23,9 +25,11 @@ pub struct BudgetArgs {
     /// A saved plan (YAML or JSON from `pipeshard plan`) to use as is.
     #[arg(long = "plan", env = "PIPESHARD_PLAN")]
     pub plan: Option<PathBuf>,
-    /// Assume copies overlap compute (the pipelined streaming mode).
-    #[arg(long = "overlapped", hide = true)]
-    pub overlapped: bool,
+    /// Device slots through which host weights stream to the GPU, copied ahead
+    /// of use on their own stream; 0 plans for llama.cpp's synchronous copy per op.
+    #[arg(long = "stream-slots", env = "PIPESHARD_STREAM_SLOTS", default_value_t = DEFAULT_SLOTS,
+          value_parser = clap::value_parser!(u32).range(0..=8))]
+    pub stream_slots: u32,
 }
 
 impl BudgetArgs {
@@ -77,7 +81,7 @@ pub fn plan_for_model(
         plan_file: args.plan.clone(),
         budget: args.budget_bytes()?,
         profile: args.profile.clone(),
-        overlapped: args.overlapped,
+        stream_slots: args.stream_slots,
     };
     let bar = progress::steps_bar(1, "profiling");
     let r = plan::runtime::plan_for_model(&source, model, n_ctx, threads, |done, total| {
@@ -129,7 +133,7 @@ pub fn make_request(
     prompt: u64,
     gen: u64,
     ubatch: Option<u32>,
-    overlapped: bool,
+    stream_slots: u32,
 ) -> PlanRequest {
     let mut req = PlanRequest::new(budget, ctx);
     req.workload = Workload {
@@ -137,11 +141,7 @@ pub fn make_request(
         gen_tokens: gen,
     };
     req.ubatch = ubatch;
-    req.streaming = if overlapped {
-        Streaming::Overlapped
-    } else {
-        Streaming::Synchronous
-    };
+    req.stream_slots = stream_slots;
     req
 }
 
@@ -169,7 +169,7 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
         args.prompt_tokens,
         args.gen_tokens,
         args.ubatch,
-        args.budget.overlapped,
+        args.budget.stream_slots,
     );
     let _ = args.parallel;
     let plan = plan::make_plan(&info, &profile, &req)?;

@@ -48,6 +48,10 @@ pub struct ContextParams {
     /// Per-op offload decisions for host weights (patch 0002); `None` keeps
     /// upstream's batch-size threshold.
     pub offload: Option<OffloadPolicy>,
+    /// Rotating device slots through which host weights of GPU ops are
+    /// streamed ahead of use on a copy stream (patch 0003); 0 keeps
+    /// upstream's synchronous copy per op.
+    pub stream_slots: u32,
 }
 
 impl Default for ContextParams {
@@ -67,6 +71,7 @@ impl Default for ContextParams {
             type_v: None,
             kv_unified: true,
             offload: None,
+            stream_slots: 0,
         }
     }
 }
@@ -81,6 +86,7 @@ impl std::fmt::Debug for ContextParams {
             .field("flash_attention", &self.flash_attention)
             .field("embeddings", &self.embeddings)
             .field("offload", &self.offload.as_ref().map(|_| "custom"))
+            .field("stream_slots", &self.stream_slots)
             .finish_non_exhaustive()
     }
 }
@@ -149,6 +155,7 @@ impl<'m> Context<'m> {
             cp.type_v = t;
         }
         cp.no_perf = false;
+        cp.n_stream_slots = params.stream_slots.min(i32::MAX as u32) as i32;
         let offload = params.offload.clone().map(Box::new);
         if let Some(pol) = &offload {
             cp.offload_cb = Some(offload_trampoline);

@@ -28,6 +28,6 @@ pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAtten
 pub use error::{EngineError, Result};
 pub use memory::{buffer_types, device_buffer_types, BufferType, MemoryBreakdown};
 pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
-pub use placement::{Offload, OffloadPolicy, OffloadQuery, OpKind, TensorPlacement};
+pub use placement::{stream_schedule, Offload, OffloadPolicy, OffloadQuery, OpKind, StreamStep, TensorPlacement};
 pub use sampler::{Sampler, SamplingParams};
 pub use vision::{media_marker, Bitmap, VisionEval, VisionProjector};

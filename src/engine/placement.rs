@@ -91,3 +91,45 @@ pub(crate) unsafe extern "C" fn offload_trampoline(
         _ => -1,
     }
 }
+
+/// Where the scheduler streams one split's host weights (patch 0003).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamStep {
+    /// The rotating device slot the split's weights are copied into.
+    pub slot: usize,
+    /// The split after whose compute the copy is issued; `None` means before
+    /// the first split.
+    pub issue_after: Option<usize>,
+}
+
+/// The streaming schedule the ggml scheduler follows for a graph whose
+/// splits stream weights where `streams[i]` is true, with `n_slots` slots:
+/// `None` for splits that stream nothing. This is the scheduler's own code
+/// (`ggml_backend_sched_stream_schedule`), so it can be checked without a GPU.
+pub fn stream_schedule(streams: &[bool], n_slots: usize) -> Vec<Option<StreamStep>> {
+    assert!((1..=8).contains(&n_slots), "the scheduler supports 1 to 8 stream slots");
+    let n = streams.len();
+    let mut slot = vec![-1i32; n];
+    let mut after = vec![-1i32; n];
+    let n_splits = i32::try_from(n).expect("split count fits in i32");
+    // SAFETY: the three arrays hold n_splits elements each; the function only
+    // reads `streams` and writes `slot` and `after` within those bounds.
+    unsafe {
+        ffi::ggml_backend_sched_stream_schedule(
+            n_splits,
+            streams.as_ptr(),
+            n_slots as i32,
+            slot.as_mut_ptr(),
+            after.as_mut_ptr(),
+        );
+    }
+    slot.iter()
+        .zip(&after)
+        .map(|(&s, &a)| {
+            (s >= 0).then(|| StreamStep {
+                slot: s as usize,
+                issue_after: usize::try_from(a).ok(),
+            })
+        })
+        .collect()
+}

@@ -27,6 +27,8 @@ pub struct Applied {
     /// Host weights must be pinned to stream fast, which needs mmap off.
     pub use_mmap: bool,
     pub n_ubatch: u32,
+    /// Streaming slots for the context (patch 0003); 0: synchronous copies.
+    pub stream_slots: u32,
 }
 
 impl Applied {
@@ -37,11 +39,12 @@ impl Applied {
         params.placement = Some(self.placement.clone());
     }
 
-    /// Context settings of the plan: its ubatch and per-op offload decisions.
+    /// Context settings of the plan: its ubatch, per-op offload decisions and streaming slots.
     pub fn configure_context(&self, params: &mut ContextParams) {
         params.n_ubatch = self.n_ubatch;
         params.n_batch = params.n_batch.max(self.n_ubatch);
         params.offload = Some(self.offload.clone());
+        params.stream_slots = self.stream_slots;
     }
 }
 
@@ -94,5 +97,6 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
         },
         use_mmap: !plan.pinned,
         n_ubatch: plan.ubatch,
+        stream_slots: plan.stream_slots,
     })
 }

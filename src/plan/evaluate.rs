@@ -118,6 +118,11 @@ impl Evaluator {
         }
     }
 
+    /// Whether a non-resident tensor `k` streams to the GPU in some tier.
+    pub fn streams(&self, k: usize) -> bool {
+        self.times.iter().any(|t| t[k].1 == Exec::Stream)
+    }
+
     /// Seconds one ubatch of size index `si` takes under `resident`
     /// (excluding attention), with device switches.
     fn weights_seconds(&self, si: usize, resident: &[bool]) -> f64 {

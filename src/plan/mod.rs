@@ -70,7 +70,10 @@ pub struct PlanRequest {
     pub ubatch: Option<u32>,
     pub type_k: GgmlType,
     pub type_v: GgmlType,
-    pub streaming: Streaming,
+    /// Rotating device slots for weights streamed with copies overlapped
+    /// with compute (patch 0003); 0 plans for llama.cpp's synchronous copy
+    /// per op, which holds the streamed weights in the compute buffer.
+    pub stream_slots: u32,
     /// Host weights are pinned (model loaded without mmap).
     pub pinned: bool,
     /// VRAM kept free for CUDA's own pools and workspaces.
@@ -78,7 +81,20 @@ pub struct PlanRequest {
     pub overheads: Overheads,
 }
 
+/// Two slots are enough for one split's copy to overlap the previous
+/// split's compute; more only help when copies are bursty.
+pub const DEFAULT_STREAM_SLOTS: u32 = 2;
+
 impl PlanRequest {
+    /// How host weights reach the GPU under this request.
+    pub fn streaming(&self) -> Streaming {
+        if self.stream_slots > 0 {
+            Streaming::Overlapped
+        } else {
+            Streaming::Synchronous
+        }
+    }
+
     /// Defaults for a budget and context.
     pub fn new(budget: u64, n_ctx: u64) -> PlanRequest {
         PlanRequest {
@@ -88,7 +104,7 @@ impl PlanRequest {
             ubatch: None,
             type_k: GgmlType::F16,
             type_v: GgmlType::F16,
-            streaming: Streaming::Synchronous,
+            stream_slots: DEFAULT_STREAM_SLOTS,
             pinned: true,
             reserve: 160 << 20,
             overheads: Overheads::default(),
@@ -117,6 +133,9 @@ pub struct VramBreakdown {
     pub weights: u64,
     pub kv_cache: u64,
     pub compute: u64,
+    /// Streaming slots (overlapped streaming): slots x the largest streamed weight.
+    #[serde(default)]
+    pub stream_slots: u64,
     pub reserve: u64,
     pub total: u64,
     pub budget: u64,
@@ -141,6 +160,9 @@ pub struct Plan {
     pub kv_gpu_layers: u32,
     pub n_layer: u32,
     pub streaming: Streaming,
+    /// Rotating device slots for streamed weights; 0 with synchronous streaming.
+    #[serde(default)]
+    pub stream_slots: u32,
     pub pinned: bool,
     pub vram: VramBreakdown,
     pub predicted: Prediction,
@@ -156,6 +178,16 @@ impl Plan {
             .copied()
             .find(|&t| t as u64 >= n)
             .unwrap_or_else(|| *self.tiers.last().unwrap_or(&1))
+    }
+
+    /// Stream every host weight to the GPU in every tier, so no op runs on
+    /// the CPU: the placement whose math is the full-GPU placement's.
+    pub fn stream_everything(&mut self) {
+        for t in self.tensors.iter_mut().filter(|t| !t.resident) {
+            for (_, e) in &mut t.exec {
+                *e = Exec::Stream;
+            }
+        }
     }
 
     /// Bytes of resident weights.

@@ -7,11 +7,14 @@
 //! and the configurations do not depend on the budget, so a bigger budget
 //! only adds candidates: it can never predict slower.
 
-use super::cost::{is_placeable, CostModel};
+use super::cost::{is_placeable, CostModel, Streaming};
 use super::evaluate::Evaluator;
 use super::{compute_bytes, kv_bytes, Plan, PlanError, PlanRequest, PlannedTensor, VramBreakdown};
 use crate::gguf::{ModelInfo, TensorRole};
 use crate::profile::MachineProfile;
+
+/// Device buffers are aligned to this (ggml-cuda's buffer alignment).
+const SLOT_ALIGN: u64 = 128;
 
 /// Make the best plan for `model` on the machine described by `profile`.
 pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest) -> Result<Plan, PlanError> {
@@ -23,10 +26,11 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
     if !profile.has_gpu() {
         return Err(PlanError::NoGpuProfile);
     }
+    let streaming = req.streaming();
     let cm = CostModel {
         model,
         profile,
-        streaming: req.streaming,
+        streaming,
         pinned: req.pinned,
         overheads: req.overheads,
     };
@@ -37,7 +41,9 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
         .filter(|t| !is_placeable(t) && t.role != TensorRole::TokenEmbd)
         .map(|t| t.cuda_alloc_size())
         .sum();
-    // The scheduler copies a layer's streamed weights into the compute buffer.
+    // With synchronous copies the scheduler copies a layer's streamed
+    // weights into the compute buffer; with overlapped streaming they go
+    // through the slots instead, sized per candidate below.
     let max_layer_stream: u64 = (0..model.n_layer)
         .map(|l| {
             model
@@ -70,13 +76,9 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
     for &u in &ubatches {
         for &kv_layers in &kv_steps {
             let kv = kv_bytes(model, req, kv_layers);
-            let compute = compute_bytes(model, u as u64, max_layer_stream) + small_bytes;
+            let in_compute = if streaming == Streaming::Synchronous { max_layer_stream } else { 0 };
+            let compute = compute_bytes(model, u as u64, in_compute) + small_bytes;
             let fixed = kv + compute + req.reserve;
-            minimum = minimum.min(fixed);
-            if fixed > req.budget {
-                continue;
-            }
-            let free = req.budget - fixed;
             let ev = Evaluator::new(model, &cm, req.workload, u, kv_layers);
             let sizes: Vec<u64> = ev.tensors.iter().map(|&i| model.tensors[i].cuda_alloc_size()).collect();
             let mut order: Vec<usize> = (0..ev.tensors.len()).filter(|&k| ev.saving(k) > 0.0).collect();
@@ -89,20 +91,43 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                         .cmp(&model.tensors[ev.tensors[b]].name)
                 })
             });
+            // Every prefix of the order is a candidate. The slots shrink as
+            // the largest streamed weights become resident, so a prefix may
+            // fit where a shorter one does not: all are tried.
+            let slot_bytes = |resident: &[bool]| match streaming {
+                Streaming::Synchronous => 0,
+                Streaming::Overlapped => {
+                    let largest = (0..sizes.len())
+                        .filter(|&k| !resident[k] && ev.streams(k))
+                        .map(|k| sizes[k].div_ceil(SLOT_ALIGN) * SLOT_ALIGN)
+                        .max()
+                        .unwrap_or(0);
+                    largest * req.stream_slots as u64
+                }
+            };
             let mut resident = vec![false; ev.tensors.len()];
             let mut used = 0u64;
-            let mut cfg_best = (ev.objective(&ev.evaluate(&resident)), 0usize, 0u64);
-            for (pos, &k) in order.iter().enumerate() {
-                if used + sizes[k] > free {
-                    break;
+            // (objective, prefix length, weight bytes, slot bytes)
+            let mut cfg_best: Option<(f64, usize, u64, u64)> = None;
+            for pos in 0..=order.len() {
+                if pos > 0 {
+                    let k = order[pos - 1];
+                    used += sizes[k];
+                    resident[k] = true;
                 }
-                used += sizes[k];
-                resident[k] = true;
+                let slots = slot_bytes(&resident);
+                minimum = minimum.min(fixed + used + slots);
+                if fixed + used + slots > req.budget {
+                    continue;
+                }
                 let obj = ev.objective(&ev.evaluate(&resident));
-                if obj < cfg_best.0 - 1e-12 {
-                    cfg_best = (obj, pos + 1, used);
+                if cfg_best.is_none_or(|b| obj < b.0 - 1e-12) {
+                    cfg_best = Some((obj, pos, used, slots));
                 }
             }
+            let Some(cfg_best) = cfg_best else {
+                continue;
+            };
             if best.as_ref().is_some_and(|(b, _)| cfg_best.0 >= *b - 1e-12) {
                 continue;
             }
@@ -129,21 +154,23 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                     }
                 })
                 .collect();
-            let weights = cfg_best.2;
+            let (weights, slots) = (cfg_best.2, cfg_best.3);
             let plan = Plan {
                 model: model.name.clone().unwrap_or_else(|| model.architecture.clone()),
                 ubatch: u,
                 tiers,
                 kv_gpu_layers: kv_layers,
                 n_layer: model.n_layer,
-                streaming: req.streaming,
+                streaming,
+                stream_slots: if streaming == Streaming::Overlapped { req.stream_slots } else { 0 },
                 pinned: req.pinned,
                 vram: VramBreakdown {
                     weights,
                     kv_cache: kv,
                     compute,
+                    stream_slots: slots,
                     reserve: req.reserve,
-                    total: weights + kv + compute + req.reserve,
+                    total: weights + kv + compute + slots + req.reserve,
                     budget: req.budget,
                 },
                 predicted,

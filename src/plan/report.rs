@@ -39,7 +39,7 @@ fn table(plan: &Plan) -> String {
     );
     let _ = writeln!(
         s,
-        "VRAM {} of {}: weights {}, KV cache {} ({} of {} layers on GPU), compute {}, reserve {}",
+        "VRAM {} of {}: weights {}, KV cache {} ({} of {} layers on GPU), compute {}, stream slots {} ({} x {}), reserve {}",
         fmt_bytes(v.total),
         fmt_bytes(v.budget),
         fmt_bytes(v.weights),
@@ -47,6 +47,9 @@ fn table(plan: &Plan) -> String {
         plan.kv_gpu_layers,
         plan.n_layer,
         fmt_bytes(v.compute),
+        fmt_bytes(v.stream_slots),
+        plan.stream_slots,
+        fmt_bytes(v.stream_slots / plan.stream_slots.max(1) as u64),
         fmt_bytes(v.reserve)
     );
     let p = &plan.predicted;

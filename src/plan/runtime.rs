@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::apply::{apply, Applied, ApplyError};
-use super::{make_plan, Plan, PlanError, PlanRequest, Streaming, Workload};
+use super::{make_plan, Plan, PlanError, PlanRequest, Workload};
 use crate::engine;
 use crate::profile::{self, MachineProfile, ProfileError, ProfileKey, ProfileMode};
 
@@ -41,8 +41,8 @@ pub struct PlanSource {
     pub budget: Option<u64>,
     /// A profile file; default: the one matching this machine.
     pub profile: Option<PathBuf>,
-    /// Plan for overlapped streaming.
-    pub overlapped: bool,
+    /// Streaming slots (0: llama.cpp's synchronous copies).
+    pub stream_slots: u32,
 }
 
 /// Read a plan saved by `pipeshard plan --format yaml|json`.
@@ -120,11 +120,7 @@ pub fn plan_for_model(
             prompt_tokens: 4096.min(n_ctx / 2).max(1),
             gen_tokens: 64,
         };
-        req.streaming = if source.overlapped {
-            Streaming::Overlapped
-        } else {
-            Streaming::Synchronous
-        };
+        req.stream_slots = source.stream_slots;
         make_plan(&info, &profile, &req)?
     } else {
         return Ok(None);

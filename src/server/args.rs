@@ -65,6 +65,12 @@ static PIPESHARD_OPTS: &[UpstreamOpt] = &[
         env: Some("PIPESHARD_PLAN"),
     },
     UpstreamOpt {
+        names: &["--stream-slots"],
+        negated: &[],
+        values: 1,
+        env: Some("PIPESHARD_STREAM_SLOTS"),
+    },
+    UpstreamOpt {
         names: &["--backend-dir"],
         negated: &[],
         values: 1,
@@ -349,6 +355,7 @@ pub fn help_text() -> String {
          --vram-budget BYTES     VRAM budget, e.g. 6GiB (env PIPESHARD_VRAM_BUDGET)\n  \
          --profile FILE          machine profile (env PIPESHARD_PROFILE)\n  \
          --plan FILE             placement plan (env PIPESHARD_PLAN)\n  \
+         --stream-slots N        device slots for streamed weights, 0-8, default 2 (env PIPESHARD_STREAM_SLOTS)\n  \
          --backend-dir DIR       ggml backend modules (env PIPESHARD_BACKEND_DIR)\n  \
          --max-body-size BYTES   largest request body, default 64MiB (env PIPESHARD_MAX_BODY_SIZE)\n  \
          --media-dir DIR         let image_url name local files under DIR (env PIPESHARD_MEDIA_DIR)\n\n\
@@ -584,6 +591,14 @@ pub fn parse(argv: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Pa
     }
     c.profile = g.string("--profile").map(|(s, _)| PathBuf::from(s));
     c.plan = g.string("--plan").map(|(s, _)| PathBuf::from(s));
+    if let Some((s, origin)) = g.string("--stream-slots") {
+        c.stream_slots = s
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|n| *n <= 8)
+            .ok_or_else(|| bad(&origin, &s, "expected 0 to 8"))?;
+    }
     c.fit = g.string("--fit").map(|(s, _)| s);
     c.backend_dir = g.string("--backend-dir").map(|(s, _)| PathBuf::from(s));
     if let Some((s, origin)) = g.string("--max-body-size") {

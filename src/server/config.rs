@@ -80,6 +80,8 @@ pub struct ServerConfig {
     pub profile: Option<PathBuf>,
     /// pipeshard: placement plan file (`--plan`); stored for the planner.
     pub plan: Option<PathBuf>,
+    /// pipeshard: device slots for streamed weights (`--stream-slots`).
+    pub stream_slots: u32,
     /// upstream `--fit`, stored for the planner.
     pub fit: Option<String>,
     /// Directory with ggml backend modules.
@@ -133,6 +135,7 @@ impl Default for ServerConfig {
             vram_budget: None,
             profile: None,
             plan: None,
+            stream_slots: crate::plan::DEFAULT_STREAM_SLOTS,
             fit: None,
             backend_dir: None,
         }

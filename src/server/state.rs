@@ -102,7 +102,7 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         plan_file: config.plan.clone(),
         budget: config.vram_budget,
         profile: config.profile.clone(),
-        overlapped: false,
+        stream_slots: config.stream_slots,
     };
     let planned = crate::plan::runtime::plan_for_model(&source, &path, config.n_ctx as u64, threads, |_, _| {})
         .map_err(|e| err(&e))?;
@@ -141,6 +141,7 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         kv_unified: config.kv_unified,
         n_ubatch: config.n_ubatch,
         offload: None,
+        stream_slots: 0,
     };
     if let Some((_, applied)) = &planned {
         applied.configure_context(&mut cparams);

@@ -1,0 +1,135 @@
+//! `pipeshard lossless`: generate greedily under the full-GPU placement and
+//! under a plan, and compare tokens and logits.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+
+use pipeshard::bench::lossless::{compare, greedy_trace, GreedyTrace};
+use pipeshard::engine::{self, Context, ContextParams, FlashAttention, Model, ModelParams};
+use pipeshard::{default_model, progress};
+
+use super::plan::{plan_for_model, BudgetArgs};
+use super::GlobalArgs;
+
+#[derive(clap::Args, Debug)]
+pub struct LosslessArgs {
+    /// Model (GGUF); default: the default model.
+    #[arg(short = 'm', long = "model", env = "LLAMA_ARG_MODEL")]
+    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
+    /// Run every host weight's op on the GPU in every tier (streamed), so
+    /// that all math runs on the same device as the reference.
+    #[arg(long = "stream-all")]
+    pub stream_all: bool,
+    /// Prompt text.
+    #[arg(
+        short = 'p',
+        long = "prompt",
+        default_value = "The history of the printing press begins with movable type, which spread across Europe and changed how knowledge was shared. Describe its effects."
+    )]
+    pub prompt: String,
+    /// Tokens to generate greedily.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n_predict: usize,
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx_size: u32,
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<i32>,
+    /// Exit with status 1 unless every generated token matches.
+    #[arg(long = "require-identical")]
+    pub require_identical: bool,
+}
+
+pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
+    let model_path = match &args.model {
+        Some(p) => p.clone(),
+        None => default_model::ensure().context("fetching the default model")?,
+    };
+    engine::init(global.backend_dir.as_deref()).context("initialising llama.cpp")?;
+    let threads = args.threads.unwrap_or_else(engine::default_threads);
+    let (mut plan, _) = plan_for_model(&args.budget, &model_path, args.ctx_size as u64, threads)?
+        .context("lossless compares a plan with the full-GPU placement: give --vram-budget or --plan (and a GPU)")?;
+    if args.stream_all {
+        plan.stream_everything();
+    }
+    let applied = pipeshard::plan::apply::apply(&plan)?;
+    let ctx_params = ContextParams {
+        n_ctx: args.ctx_size,
+        n_batch: plan.ubatch.max(512),
+        n_ubatch: plan.ubatch,
+        n_threads: Some(threads),
+        n_threads_batch: Some(threads),
+        flash_attention: FlashAttention::On,
+        ..Default::default()
+    };
+
+    let trace = |label: &str, mp: ModelParams<'_>, cp: ContextParams| -> Result<GreedyTrace> {
+        let bar = progress::fraction_bar(label);
+        let b = bar.clone();
+        let mp = ModelParams {
+            progress: Some(Box::new(move |p| {
+                b.set_position((p * 1000.0) as u64);
+                true
+            })),
+            ..mp
+        };
+        let model = Model::load(&model_path, mp).with_context(|| format!("loading {}", model_path.display()))?;
+        bar.finish_and_clear();
+        let mut ctx = Context::new(&model, cp).context("creating the context")?;
+        let prompt = model.tokenize(&args.prompt, true, false)?;
+        Ok(greedy_trace(&mut ctx, &prompt, args.n_predict)?)
+    };
+
+    let reference = trace(
+        "full GPU",
+        ModelParams {
+            n_gpu_layers: 999,
+            ..Default::default()
+        },
+        ctx_params.clone(),
+    )?;
+    let mut mp = ModelParams::default();
+    applied.configure_model(&mut mp);
+    let mut cp = ctx_params;
+    applied.configure_context(&mut cp);
+    let planned = trace("planned", mp, cp)?;
+
+    let c = compare(&reference, &planned);
+    eprintln!(
+        "{} greedy tokens: {}; max |logit diff| {} over {} steps (plan: {} resident, {}{})",
+        c.n_tokens,
+        match c.first_divergence {
+            None => "identical".to_string(),
+            Some(i) => format!("first divergence at token {i}"),
+        },
+        c.max_abs_logit_diff,
+        c.steps_compared,
+        pipeshard::plan::fmt_bytes(plan.resident_bytes()),
+        if args.stream_all { "every host weight streamed" } else { "as planned" },
+        if plan.stream_slots > 0 {
+            format!(", {} stream slots", plan.stream_slots)
+        } else {
+            String::new()
+        },
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "model": model_path.display().to_string(),
+            "stream_all": args.stream_all,
+            "stream_slots": plan.stream_slots,
+            "resident_bytes": plan.resident_bytes(),
+            "n_tokens": c.n_tokens,
+            "identical_tokens": c.identical_tokens(),
+            "first_divergence": c.first_divergence,
+            "steps_compared": c.steps_compared,
+            "max_abs_logit_diff": c.max_abs_logit_diff,
+        })
+    );
+    if args.require_identical && !c.identical_tokens() {
+        anyhow::bail!("the planned run diverged from the full-GPU run");
+    }
+    Ok(())
+}
