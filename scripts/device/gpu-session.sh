@@ -126,5 +126,34 @@ s2() {
     tail -12 "$RES/r2-ref.log"
 }
 
+one() { # NAME MODEL BUDGET POLICY [EXTRA...]: one policy in its own process
+    local name=$1 model=$2 budget=$3 policy=$4; shift 4
+    timeout 200 $P bench -m "$W/$model.gguf" --vram-budget "$budget" --policies "$policy" -p 4096 -n 64 -r 2 -t 16 \
+        --profile "$RES/profile.yaml" -o "$RES/$name" "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
+    grep -E "TTFT|error" "$RES/$name.log" | sed "s/^/$name: /"
+}
+
+# Why R2 gains little from overlap, and whether the first policy of a
+# process pays extra device memory: each policy in its own process.
+s3() {
+    sprep
+    cp .stash/smol.part1 "$W/"
+    one r2-pipeshard r2 4GiB pipeshard
+    one r2-sync r2 4GiB pipeshard-sync
+    one r2-slots4 r2 4GiB pipeshard --stream-slots 4
+    one r1-slots3 r1 2GiB pipeshard --stream-slots 3
+    local nsys; nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1 || true)
+    echo "nsys: ${nsys:-none}"
+    if [[ -n $nsys ]]; then
+        timeout 150 "$nsys" profile -t cuda -o "$RES/r2-nsys" --force-overwrite true \
+            $P bench -m "$W/r2.gguf" --vram-budget 4GiB --policies pipeshard -p 4096 -n 4 -r 1 -t 16 \
+            --profile "$RES/profile.yaml" -o "$RES/r2-nsys-bench" > "$RES/r2-nsys.log" 2>&1
+        timeout 60 "$nsys" stats -r cuda_gpu_mem_size_sum,cuda_gpu_mem_time_sum,cuda_gpu_kern_sum "$RES/r2-nsys.nsys-rep" \
+            > "$RES/r2-nsys-stats.txt" 2>&1
+        head -40 "$RES/r2-nsys-stats.txt"
+        rm -f "$RES/r2-nsys.nsys-rep" "$RES"/r2-nsys.sqlite
+    fi
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results

@@ -67,6 +67,8 @@ pub struct BenchConfig {
     pub threads: i32,
     pub repetitions: u32,
     pub flash_attention: FlashAttention,
+    /// Streaming slots pipeshard's plan uses (`--stream-slots`).
+    pub stream_slots: u32,
 }
 
 /// One measured repetition.
@@ -175,6 +177,7 @@ pub fn run_policy(
         Policy::Pipeshard | Policy::PipeshardSync => {
             let profile = profile.ok_or(plan::PlanError::NoGpuProfile)?;
             let mut req = plan::PlanRequest::new(budget, n_ctx as u64);
+            req.stream_slots = cfg.stream_slots;
             req.workload = plan::Workload {
                 prompt_tokens: cfg.prompt_tokens as u64,
                 gen_tokens: cfg.gen_tokens as u64,

@@ -42,6 +42,10 @@ pub struct BenchArgs {
     pub out: PathBuf,
     #[arg(long = "profile")]
     pub profile: Option<PathBuf>,
+    /// Streaming slots of pipeshard's plan (0: synchronous copies).
+    #[arg(long = "stream-slots", default_value_t = crate::cli::plan::DEFAULT_SLOTS,
+          value_parser = clap::value_parser!(u32).range(0..=8))]
+    pub stream_slots: u32,
 }
 
 pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
@@ -78,6 +82,7 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
         threads,
         repetitions: args.repetitions,
         flash_attention: FlashAttention::On,
+        stream_slots: args.stream_slots,
     };
     let mut rows = Vec::new();
     for &b in &budgets {
