@@ -52,6 +52,8 @@ pub enum BenchError {
     Plan(#[from] plan::PlanError),
     #[error(transparent)]
     Apply(#[from] plan::apply::ApplyError),
+    #[error(transparent)]
+    Runtime(#[from] plan::runtime::RuntimeError),
     #[error("no placement of this policy fits {0} bytes")]
     NoFit(u64),
     #[error("writing reports: {0}")]
@@ -182,7 +184,7 @@ pub fn run_policy(
                 prompt_tokens: cfg.prompt_tokens as u64,
                 gen_tokens: cfg.gen_tokens as u64,
             };
-            let p: Plan = plan::make_plan(info, profile, &req)?;
+            let p: Plan = plan::runtime::make_measured_plan(path, info, profile, req)?;
             let applied = plan::apply::apply(&p)?;
             predicted = Some(p.predicted);
             applied.configure_context(&mut ctx_params);

@@ -172,7 +172,11 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
         args.budget.stream_slots,
     );
     let _ = args.parallel;
-    let plan = plan::make_plan(&info, &profile, &req)?;
+    // With a model file and a GPU, check the plan with llama.cpp's own reservation.
+    let plan = match &args.model {
+        Some(m) if engine::has_gpu() => plan::runtime::make_measured_plan(m, &info, &profile, req)?,
+        _ => plan::make_plan(&info, &profile, &req)?,
+    };
     print!("{}", plan::render(&plan, args.format));
     Ok(())
 }

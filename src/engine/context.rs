@@ -52,6 +52,10 @@ pub struct ContextParams {
     /// streamed ahead of use on a copy stream (patch 0003); 0 keeps
     /// upstream's synchronous copy per op.
     pub stream_slots: u32,
+    /// Most outputs (logits rows) one ubatch may request; 0 = `n_batch`.
+    /// The compute buffer holds this many rows of logits, so a context that
+    /// only samples each sequence's last token can set it to `n_seq_max`.
+    pub n_outputs_max: u32,
 }
 
 impl Default for ContextParams {
@@ -72,6 +76,7 @@ impl Default for ContextParams {
             kv_unified: true,
             offload: None,
             stream_slots: 0,
+            n_outputs_max: 0,
         }
     }
 }
@@ -156,6 +161,7 @@ impl<'m> Context<'m> {
         }
         cp.no_perf = false;
         cp.n_stream_slots = params.stream_slots.min(i32::MAX as u32) as i32;
+        cp.n_outputs_max = params.n_outputs_max;
         let offload = params.offload.clone().map(Box::new);
         if let Some(pol) = &offload {
             cp.offload_cb = Some(offload_trampoline);

@@ -45,6 +45,11 @@ impl Applied {
         params.n_batch = params.n_batch.max(self.n_ubatch);
         params.offload = Some(self.offload.clone());
         params.stream_slots = self.stream_slots;
+        // The plan budgets one row of logits per sequence (the token each
+        // samples), not a row for every token of the ubatch.
+        if !params.embeddings {
+            params.n_outputs_max = params.n_seq_max.max(1);
+        }
     }
 }
 

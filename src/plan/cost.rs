@@ -26,8 +26,24 @@ pub enum Exec {
 pub enum Streaming {
     /// llama.cpp's scheduler today: each copy waits for the device, then the op runs.
     Synchronous,
-    /// Copies of the next split overlap the current split's compute.
+    /// Copies of the next split overlap the current split's compute (two
+    /// slots): each streamed op costs the longer of its copy and its compute.
     Overlapped,
+    /// With three or more slots the copy stream also runs ahead through
+    /// splits that stream nothing (attention): a ubatch costs the longer of
+    /// all its copies and all its compute.
+    Pipelined,
+}
+
+impl Streaming {
+    /// The streaming mode of a scheduler with `slots` streaming slots.
+    pub fn with_slots(slots: u32) -> Streaming {
+        match slots {
+            0 => Streaming::Synchronous,
+            1 | 2 => Streaming::Overlapped,
+            _ => Streaming::Pipelined,
+        }
+    }
 }
 
 /// Fixed costs the profile cannot measure per op.
@@ -110,20 +126,40 @@ impl CostModel<'_> {
                 if bw <= 0.0 {
                     return f64::INFINITY;
                 }
-                let frac = if is_expert { self.experts_touched(n) } else { 1.0 };
-                let copy = t.nbytes as f64 * frac / bw + self.overheads.stream_issue_s;
+                let copy = self.copy_seconds(t, n);
                 let gpu = compute(Device::Gpu);
                 match self.streaming {
                     Streaming::Synchronous => copy + gpu,
                     Streaming::Overlapped => copy.max(gpu),
+                    // The copy is priced per ubatch, see `copy_seconds`.
+                    Streaming::Pipelined => gpu + self.overheads.stream_issue_s,
                 }
             }
         }
     }
 
-    /// The cheaper of streaming and CPU for a host weight.
+    /// Seconds the link is busy streaming `t` for a ubatch of `n` tokens.
+    pub fn copy_seconds(&self, t: &ModelTensor, n: u64) -> f64 {
+        let bw = self.link_bw();
+        if bw <= 0.0 {
+            return f64::INFINITY;
+        }
+        let experts = t.dims.get(2).copied().unwrap_or(1);
+        let frac = if t.role.is_routed_expert() && experts > 1 {
+            self.experts_touched(n)
+        } else {
+            1.0
+        };
+        t.nbytes as f64 * frac / bw + self.overheads.stream_issue_s
+    }
+
+    /// The cheaper of streaming and CPU for a host weight, judged op by op
+    /// (a pipelined copy counts in full here: the link is shared).
     pub fn best_host_exec(&self, t: &ModelTensor, n: u64) -> (Exec, f64) {
-        let s = self.op_seconds(t, n, Exec::Stream);
+        let s = match self.streaming {
+            Streaming::Pipelined => self.op_seconds(t, n, Exec::Stream).max(self.copy_seconds(t, n)),
+            _ => self.op_seconds(t, n, Exec::Stream),
+        };
         let c = self.op_seconds(t, n, Exec::Cpu);
         if s < c {
             (Exec::Stream, s)

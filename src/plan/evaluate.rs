@@ -2,7 +2,7 @@
 //! configuration (ubatch size, KV layers) and a placement is then priced by
 //! table look-ups, so the optimizer can compare thousands of placements.
 
-use super::cost::{is_placeable, CostModel, Exec};
+use super::cost::{is_placeable, CostModel, Exec, Streaming};
 use super::{Plan, Prediction, Workload};
 use crate::gguf::{ModelInfo, TensorRole};
 
@@ -14,8 +14,9 @@ pub struct Evaluator {
     is_qkv: Vec<bool>,
     /// Distinct ubatch sizes: the full chunk, the last partial chunk, decode.
     sizes: Vec<(u64, f64)>,
-    /// Per size, per tensor: (resident seconds, best host exec, its seconds).
-    times: Vec<Vec<(f64, Exec, f64)>>,
+    /// Per size, per tensor: (resident seconds, best host exec, its seconds,
+    /// link seconds of a pipelined copy, priced per ubatch).
+    times: Vec<Vec<(f64, Exec, f64, f64)>>,
     /// Per size: attention seconds summed over all chunks of that size.
     attention: Vec<f64>,
     kv_gpu_from: u32,
@@ -60,7 +61,12 @@ impl Evaluator {
                     .map(|(k, &i)| {
                         let t = &model.tensors[i];
                         let e = if n == 1 { cm.best_host_exec(t, 1).0 } else { exec_u[k] };
-                        (cm.op_seconds(t, n, Exec::Resident), e, cm.op_seconds(t, n, e))
+                        let link = if e == Exec::Stream && cm.streaming == Streaming::Pipelined {
+                            cm.copy_seconds(t, n)
+                        } else {
+                            0.0
+                        };
+                        (cm.op_seconds(t, n, Exec::Resident), e, cm.op_seconds(t, n, e), link)
                     })
                     .collect()
             })
@@ -124,9 +130,11 @@ impl Evaluator {
     }
 
     /// Seconds one ubatch of size index `si` takes under `resident`
-    /// (excluding attention), with device switches.
-    fn weights_seconds(&self, si: usize, resident: &[bool]) -> f64 {
+    /// (excluding attention), with device switches; and the seconds its
+    /// pipelined copies keep the link busy, which overlap all of that.
+    fn weights_seconds(&self, si: usize, resident: &[bool]) -> (f64, f64) {
         let mut total = 0.0;
+        let mut link = 0.0;
         let mut switches = 0u32;
         let mut last: Option<bool> = None;
         let mut visit = |gpu: bool| {
@@ -154,16 +162,17 @@ impl Evaluator {
                 }
                 attn_visited = true;
             }
-            let (r, e, h) = self.times[si][k];
+            let (r, e, h, l) = self.times[si][k];
             if res {
                 total += r;
                 visit(true);
             } else {
                 total += h;
+                link += l;
                 visit(e != Exec::Cpu);
             }
         }
-        total + switches as f64 * self.switch_s
+        (total + switches as f64 * self.switch_s, link)
     }
 
     /// Predicted TTFT and decode speed for a residency vector over `self.tensors`.
@@ -172,10 +181,13 @@ impl Evaluator {
         let mut decode = 0.0;
         let last = self.sizes.len() - 1;
         for (si, &(_, count)) in self.sizes.iter().enumerate() {
+            let (compute, link) = self.weights_seconds(si, resident);
             if si == last {
-                decode = self.weights_seconds(si, resident) + self.attention[si];
+                // Per decoded token (attention is priced at one depth).
+                decode = (compute + self.attention[si]).max(link);
             } else {
-                ttft += self.weights_seconds(si, resident) * count + self.attention[si];
+                // All chunks of this size (attention is summed over them).
+                ttft += (compute * count + self.attention[si]).max(link * count);
             }
         }
         let p = self.workload.prompt_tokens as f64;
@@ -197,7 +209,10 @@ impl Evaluator {
         self.sizes
             .iter()
             .enumerate()
-            .map(|(si, &(_, count))| count * (self.times[si][k].2 - self.times[si][k].0))
+            .map(|(si, &(_, count))| {
+                let (r, _, h, l) = self.times[si][k];
+                count * (h.max(l) - r)
+            })
             .sum()
     }
 

@@ -9,7 +9,7 @@
 
 use super::cost::{is_placeable, CostModel, Streaming};
 use super::evaluate::Evaluator;
-use super::{compute_bytes, kv_bytes, Plan, PlanError, PlanRequest, PlannedTensor, VramBreakdown};
+use super::{compute_bytes, kv_bytes, small_bytes, Plan, PlanError, PlanRequest, PlannedTensor, VramBreakdown};
 use crate::gguf::{ModelInfo, TensorRole};
 use crate::profile::MachineProfile;
 
@@ -34,13 +34,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
         pinned: req.pinned,
         overheads: req.overheads,
     };
-    // Norms, biases and other small tensors stay resident with their layer.
-    let small_bytes: u64 = model
-        .tensors
-        .iter()
-        .filter(|t| !is_placeable(t) && t.role != TensorRole::TokenEmbd)
-        .map(|t| t.cuda_alloc_size())
-        .sum();
+    let small_bytes = small_bytes(model);
     // With synchronous copies the scheduler copies a layer's streamed
     // weights into the compute buffer; with overlapped streaming they go
     // through the slots instead, sized per candidate below.
@@ -77,7 +71,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
         for &kv_layers in &kv_steps {
             let kv = kv_bytes(model, req, kv_layers);
             let in_compute = if streaming == Streaming::Synchronous { max_layer_stream } else { 0 };
-            let compute = compute_bytes(model, u as u64, in_compute) + small_bytes;
+            let compute = (compute_bytes(model, u as u64, in_compute) as f64 * req.compute_scale) as u64 + small_bytes;
             let fixed = kv + compute + req.reserve;
             let ev = Evaluator::new(model, &cm, req.workload, u, kv_layers);
             let sizes: Vec<u64> = ev.tensors.iter().map(|&i| model.tensors[i].cuda_alloc_size()).collect();
@@ -96,7 +90,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             // fit where a shorter one does not: all are tried.
             let slot_bytes = |resident: &[bool]| match streaming {
                 Streaming::Synchronous => 0,
-                Streaming::Overlapped => {
+                Streaming::Overlapped | Streaming::Pipelined => {
                     let largest = (0..sizes.len())
                         .filter(|&k| !resident[k] && ev.streams(k))
                         .map(|k| sizes[k].div_ceil(SLOT_ALIGN) * SLOT_ALIGN)
@@ -162,7 +156,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 kv_gpu_layers: kv_layers,
                 n_layer: model.n_layer,
                 streaming,
-                stream_slots: if streaming == Streaming::Overlapped { req.stream_slots } else { 0 },
+                stream_slots: if streaming == Streaming::Synchronous { 0 } else { req.stream_slots },
                 pinned: req.pinned,
                 vram: VramBreakdown {
                     weights,
@@ -172,6 +166,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                     reserve: req.reserve,
                     total: weights + kv + compute + slots + req.reserve,
                     budget: req.budget,
+                    measured: None,
                 },
                 predicted,
                 workload: req.workload,

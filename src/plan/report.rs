@@ -52,6 +52,14 @@ fn table(plan: &Plan) -> String {
         fmt_bytes(v.stream_slots / plan.stream_slots.max(1) as u64),
         fmt_bytes(v.reserve)
     );
+    if let Some(m) = v.measured {
+        let _ = writeln!(
+            s,
+            "checked with llama.cpp's no-alloc reservation: {} reserved on the GPU (+ {} reserve)",
+            fmt_bytes(m),
+            fmt_bytes(v.reserve)
+        );
+    }
     let p = &plan.predicted;
     let _ = writeln!(
         s,

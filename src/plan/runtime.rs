@@ -30,6 +30,8 @@ pub enum RuntimeError {
     Plan(#[from] PlanError),
     #[error(transparent)]
     Apply(#[from] ApplyError),
+    #[error("checking the plan with a dry run: {0}")]
+    DryRun(#[from] engine::EngineError),
 }
 
 /// Where a plan comes from.
@@ -91,6 +93,66 @@ pub fn machine_profile(
     Ok(p)
 }
 
+/// Device bytes llama.cpp reserves for `plan` (weights, KV cache, compute
+/// buffers and streaming slots), from its own no-alloc reservation of
+/// exactly this placement and context: nothing is loaded or allocated.
+pub fn dry_run_bytes(model: &Path, plan: &Plan, n_ctx: u64) -> Result<u64, RuntimeError> {
+    let applied = apply(plan)?;
+    let mut mp = engine::ModelParams {
+        no_alloc: true,
+        ..Default::default()
+    };
+    applied.configure_model(&mut mp);
+    let loaded = engine::Model::load(model, mp)?;
+    let mut cp = engine::ContextParams {
+        n_ctx: n_ctx.min(u32::MAX as u64) as u32,
+        flash_attention: engine::FlashAttention::On,
+        ..Default::default()
+    };
+    applied.configure_context(&mut cp);
+    let ctx = engine::Context::new(&loaded, cp)?;
+    Ok(ctx.memory_breakdown().iter().filter(|m| !m.is_host).map(|m| m.total()).sum())
+}
+
+/// Make a plan and check it against llama.cpp's own reservation
+/// ([`dry_run_bytes`]). When the reserved bytes differ from the plan's
+/// estimate, the compute-buffer estimate is corrected by the difference and
+/// the plan made again, at most three times; the last measurement is kept
+/// in the plan. Without a GPU backend there is nothing to measure.
+pub fn make_measured_plan(
+    model: &Path,
+    info: &crate::gguf::ModelInfo,
+    profile: &MachineProfile,
+    mut req: PlanRequest,
+) -> Result<Plan, RuntimeError> {
+    let mut plan = make_plan(info, profile, &req)?;
+    if !engine::has_gpu() {
+        return Ok(plan);
+    }
+    for round in 0..3 {
+        let measured = dry_run_bytes(model, &plan, req.n_ctx)?;
+        plan.vram.measured = Some(measured);
+        let estimated = plan.vram.total - plan.vram.reserve;
+        tracing::info!(
+            "plan check {}: llama.cpp reserves {} on the GPU, the plan estimated {}",
+            round + 1,
+            super::fmt_bytes(measured),
+            super::fmt_bytes(estimated)
+        );
+        let fits = measured + plan.vram.reserve <= req.budget;
+        let close = measured.abs_diff(estimated) <= req.budget / 50;
+        if fits && close {
+            break;
+        }
+        // Correct the compute estimate (the only part not known exactly).
+        let analytic = plan.vram.compute.saturating_sub(super::small_bytes(info)).max(1) as f64;
+        let target = (analytic + measured as f64 - estimated as f64).max(analytic * 0.05);
+        req.compute_scale *= target / analytic;
+        plan = make_plan(info, profile, &req)?;
+    }
+    Ok(plan)
+}
+
 /// The plan for `model` with `n_ctx` tokens of context, applied; None when
 /// the source names neither a plan nor a budget (upstream placement).
 pub fn plan_for_model(
@@ -121,7 +183,7 @@ pub fn plan_for_model(
             gen_tokens: 64,
         };
         req.stream_slots = source.stream_slots;
-        make_plan(&info, &profile, &req)?
+        make_measured_plan(model, &info, &profile, req)?
     } else {
         return Ok(None);
     };

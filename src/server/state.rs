@@ -142,6 +142,7 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         n_ubatch: config.n_ubatch,
         offload: None,
         stream_slots: 0,
+        n_outputs_max: 0,
     };
     if let Some((_, applied)) = &planned {
         applied.configure_context(&mut cparams);
