@@ -128,7 +128,7 @@ s2() {
 
 one() { # NAME MODEL BUDGET POLICY [EXTRA...]: one policy in its own process
     local name=$1 model=$2 budget=$3 policy=$4; shift 4
-    timeout 200 $P bench -m "$W/$model.gguf" --vram-budget "$budget" --policies "$policy" -p 4096 -n 64 -r 2 -t 16 \
+    timeout 240 $P bench -m "$W/$model.gguf" --vram-budget "$budget" --policies "$policy" -p 4096 -n 64 -r 2 -t 16 \
         --profile "$RES/profile.yaml" -o "$RES/$name" "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
     grep -E "TTFT|error" "$RES/$name.log" | sed "s/^/$name: /"
 }
@@ -153,6 +153,34 @@ s3() {
         head -40 "$RES/r2-nsys-stats.txt"
         rm -f "$RES/r2-nsys.nsys-rep" "$RES"/r2-nsys.sqlite
     fi
+}
+
+# After the pipelined cost model, 4 slots, one logits row per sequence and
+# the dry-run check: pipeshard (and the same plan with synchronous copies)
+# at the reference budgets and two more, each in its own process.
+s4() {
+    sprep
+    cp .stash/smol.part1 "$W/"
+    one r2-4g r2 4GiB pipeshard
+    one r2-4g-sync r2 4GiB pipeshard-sync
+    one r1-2g r1 2GiB pipeshard
+    one r1-2g-sync r1 2GiB pipeshard-sync
+    one r1-4g r1 4GiB pipeshard
+    one r1-6g r1 6GiB pipeshard
+    one r2-8g r2 8GiB pipeshard
+}
+
+# Upstream policies of the same library on the same machine, and the
+# lossless checks.
+s5() {
+    cat "$W/smol.part1" .stash/smol.part2 > "$W/smol.gguf"
+    echo "$SMOL_SHA  $W/smol.gguf" | sha256sum -c
+    lossless smol-stream-all "$W/smol.gguf" 256MiB --stream-all
+    lossless smol-plan "$W/smol.gguf" 256MiB
+    lossless r1-plan "$W/r1.gguf" 2GiB
+    lossless r2-plan "$W/r2.gguf" 4GiB
+    one r1-2g-upstream r1 2GiB fit,ngl,attn-gpu
+    one r2-4g-upstream r2 4GiB fit,ngl,attn-gpu
 }
 
 "$@"
