@@ -66,7 +66,12 @@ fn plans_stay_within_budget_and_more_budget_is_never_slower() {
             assert_eq!(resident, p.vram.weights, "{name}: weights in the breakdown");
             assert_eq!(
                 p.vram.total,
-                p.vram.weights + p.vram.kv_cache + p.vram.compute + p.vram.stream_slots + p.vram.reserve
+                p.vram.weights
+                    + p.vram.kv_cache
+                    + p.vram.compute
+                    + p.vram.stream_slots
+                    + p.vram.stream_overhead
+                    + p.vram.reserve
             );
             // The slots hold the largest weight that streams in some tier.
             let largest_streamed = p
@@ -192,11 +197,14 @@ fn synchronous_streaming_needs_no_slots_and_counts_copies_in_compute() {
     let sync = plan::make_plan(info, &profile, &req).unwrap();
     assert_eq!((sync.stream_slots, sync.vram.stream_slots), (0, 0));
     assert_eq!(sync.streaming, plan::Streaming::Synchronous);
-    req.stream_slots = 3;
-    let over = plan::make_plan(info, &profile, &req).unwrap();
-    assert_eq!(over.streaming, plan::Streaming::Overlapped);
-    assert_eq!(over.stream_slots, 3);
-    assert!(over.vram.total <= 4 * GIB);
-    // Overlapping copies with compute can only predict faster.
-    assert!(objective(&over) <= objective(&sync) + 1e-9);
+    for (slots, mode) in [(2, plan::Streaming::Overlapped), (4, plan::Streaming::Pipelined)] {
+        req.stream_slots = slots;
+        let over = plan::make_plan(info, &profile, &req).unwrap();
+        assert_eq!(over.streaming, mode);
+        assert_eq!(over.stream_slots, slots);
+        assert!(over.vram.total <= 4 * GIB);
+        assert!(over.vram.stream_overhead > 0 && over.vram.stream_slots > 0);
+        // Overlapping copies with compute can only predict faster.
+        assert!(objective(&over) <= objective(&sync) + 1e-9, "{slots} slots");
+    }
 }

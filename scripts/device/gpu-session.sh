@@ -183,5 +183,22 @@ s5() {
     one r2-4g-upstream r2 4GiB fit,ngl,attn-gpu
 }
 
+# With the measured streaming overhead in the budget, and the lossless
+# check that streams every weight with everything on the GPU.
+s6() {
+    sprep
+    cp .stash/smol.part1 "$W/"
+    one r2-4g r2 4GiB pipeshard
+    one r1-2g r1 2GiB pipeshard
+    one r2-8g r2 8GiB pipeshard
+}
+
+s7() {
+    cat "$W/smol.part1" .stash/smol.part2 > "$W/smol.gguf"
+    echo "$SMOL_SHA  $W/smol.gguf" | sha256sum -c
+    lossless smol-stream-all "$W/smol.gguf" 256MiB --stream-all
+    lossless r1-stream-all "$W/r1.gguf" 2GiB --stream-all
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results

@@ -138,6 +138,9 @@ pub struct VramBreakdown {
     /// Streaming slots (overlapped streaming): slots x the largest streamed weight.
     #[serde(default)]
     pub stream_slots: u64,
+    /// Device memory streaming uses beyond llama.cpp's reservation (measured).
+    #[serde(default)]
+    pub stream_overhead: u64,
     pub reserve: u64,
     pub total: u64,
     pub budget: u64,
@@ -186,14 +189,17 @@ impl Plan {
             .unwrap_or_else(|| *self.tiers.last().unwrap_or(&1))
     }
 
-    /// Stream every host weight to the GPU in every tier, so no op runs on
-    /// the CPU: the placement whose math is the full-GPU placement's.
+    /// Run everything on the GPU with every weight streamed (none
+    /// resident, every KV layer on the GPU): the placement that exercises
+    /// streaming fully while its math is the full-GPU placement's.
     pub fn stream_everything(&mut self) {
-        for t in self.tensors.iter_mut().filter(|t| !t.resident) {
+        for t in &mut self.tensors {
+            t.resident = false;
             for (_, e) in &mut t.exec {
                 *e = Exec::Stream;
             }
         }
+        self.kv_gpu_layers = self.n_layer;
     }
 
     /// Bytes of resident weights.

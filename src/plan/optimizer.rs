@@ -16,6 +16,17 @@ use crate::profile::MachineProfile;
 /// Device buffers are aligned to this (ggml-cuda's buffer alignment).
 const SLOT_ALIGN: u64 = 128;
 
+/// Extra device memory a streaming context uses beyond llama.cpp's own
+/// reservation, in slots (bench/results/h200-streaming: peaks 94 MiB and
+/// 262 MiB above the reservation with 31.5 MiB and 108 MiB slots, against
+/// 16 and 34 MiB for the same plans with synchronous copies).
+const STREAM_OVERHEAD_SLOTS: u64 = 3;
+
+/// The streaming overhead that goes with `slots` bytes of `n` slots.
+fn stream_overhead(slots: u64, n: u32) -> u64 {
+    slots / n.max(1) as u64 * STREAM_OVERHEAD_SLOTS
+}
+
 /// Make the best plan for `model` on the machine described by `profile`.
 pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest) -> Result<Plan, PlanError> {
     if req.n_ctx == 0 || req.workload.prompt_tokens == 0 {
@@ -110,8 +121,9 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                     resident[k] = true;
                 }
                 let slots = slot_bytes(&resident);
-                minimum = minimum.min(fixed + used + slots);
-                if fixed + used + slots > req.budget {
+                let need = fixed + used + slots + stream_overhead(slots, req.stream_slots);
+                minimum = minimum.min(need);
+                if need > req.budget {
                     continue;
                 }
                 let obj = ev.objective(&ev.evaluate(&resident));
@@ -149,6 +161,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 })
                 .collect();
             let (weights, slots) = (cfg_best.2, cfg_best.3);
+            let overhead = stream_overhead(slots, req.stream_slots);
             let plan = Plan {
                 model: model.name.clone().unwrap_or_else(|| model.architecture.clone()),
                 ubatch: u,
@@ -163,8 +176,9 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                     kv_cache: kv,
                     compute,
                     stream_slots: slots,
+                    stream_overhead: overhead,
                     reserve: req.reserve,
-                    total: weights + kv + compute + slots + req.reserve,
+                    total: weights + kv + compute + slots + overhead + req.reserve,
                     budget: req.budget,
                     measured: None,
                 },

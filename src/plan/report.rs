@@ -39,7 +39,7 @@ fn table(plan: &Plan) -> String {
     );
     let _ = writeln!(
         s,
-        "VRAM {} of {}: weights {}, KV cache {} ({} of {} layers on GPU), compute {}, stream slots {} ({} x {}), reserve {}",
+        "VRAM {} of {}: weights {}, KV cache {} ({} of {} layers on GPU), compute {}, stream slots {} ({} x {}) + {} streaming overhead, reserve {}",
         fmt_bytes(v.total),
         fmt_bytes(v.budget),
         fmt_bytes(v.weights),
@@ -50,6 +50,7 @@ fn table(plan: &Plan) -> String {
         fmt_bytes(v.stream_slots),
         plan.stream_slots,
         fmt_bytes(v.stream_slots / plan.stream_slots.max(1) as u64),
+        fmt_bytes(v.stream_overhead),
         fmt_bytes(v.reserve)
     );
     if let Some(m) = v.measured {

@@ -132,14 +132,17 @@ pub fn make_measured_plan(
     for round in 0..3 {
         let measured = dry_run_bytes(model, &plan, req.n_ctx)?;
         plan.vram.measured = Some(measured);
-        let estimated = plan.vram.total - plan.vram.reserve;
+        // What llama.cpp reserves: everything but the reserve and the
+        // streaming overhead, which it does not see.
+        let unseen = plan.vram.reserve + plan.vram.stream_overhead;
+        let estimated = plan.vram.total - unseen;
         tracing::info!(
             "plan check {}: llama.cpp reserves {} on the GPU, the plan estimated {}",
             round + 1,
             super::fmt_bytes(measured),
             super::fmt_bytes(estimated)
         );
-        let fits = measured + plan.vram.reserve <= req.budget;
+        let fits = measured + unseen <= req.budget;
         let close = measured.abs_diff(estimated) <= req.budget / 50;
         if fits && close {
             break;
