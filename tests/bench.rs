@@ -418,13 +418,7 @@ fn greedy_traces_of_one_placement_are_identical() {
     use pipeshard::bench::lossless::{compare, greedy_trace};
     use pipeshard::engine::{Context, ContextParams, Offload, OffloadPolicy};
     let model = common::load_default_model();
-    let params = ContextParams {
-        n_ctx: 512,
-        n_batch: 64,
-        n_ubatch: 64,
-        n_threads: Some(2),
-        ..Default::default()
-    };
+    let params = common::small_context_params();
     let prompt = model.tokenize("Once upon a time", true, false).unwrap();
     let a = greedy_trace(&mut Context::new(&model, params.clone()).unwrap(), &prompt, 12).unwrap();
     assert_eq!((a.tokens.len(), a.logits.len()), (12, 12));

@@ -163,7 +163,11 @@ fn stream_schedule_orders_copies_events_and_computes() {
             let sched = stream_schedule(&streams, n_slots);
             let mut log = Vec::new();
             for (i, step) in sched.iter().enumerate() {
-                if let Some(StreamStep { slot, issue_after: None }) = step {
+                if let Some(StreamStep {
+                    slot,
+                    issue_after: None,
+                }) = step
+                {
                     log.push(Ev::Copy { split: i, slot: *slot });
                 }
             }
@@ -220,13 +224,7 @@ fn stream_schedule_orders_copies_events_and_computes() {
 #[test]
 fn stream_slots_without_a_gpu_change_nothing() {
     let model = common::load_default_model();
-    let params = ContextParams {
-        n_ctx: 512,
-        n_batch: 64,
-        n_ubatch: 64,
-        n_threads: Some(2),
-        ..Default::default()
-    };
+    let params = common::small_context_params();
     let prompt = model.tokenize("The capital of France is", true, false).unwrap();
     let req = GenerateRequest {
         prompt,

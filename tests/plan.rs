@@ -81,7 +81,11 @@ fn plans_stay_within_budget_and_more_budget_is_never_slower() {
                 .map(|t| t.vram_bytes.div_ceil(128) * 128)
                 .max()
                 .unwrap_or(0);
-            assert_eq!(p.stream_slots, plan::DEFAULT_STREAM_SLOTS, "{name}: overlapped by default");
+            assert_eq!(
+                p.stream_slots,
+                plan::DEFAULT_STREAM_SLOTS,
+                "{name}: overlapped by default"
+            );
             assert_eq!(
                 p.vram.stream_slots,
                 largest_streamed * p.stream_slots as u64,

@@ -32,14 +32,12 @@ pub fn greedy_trace(ctx: &mut Context<'_>, prompt: &[Token], n: usize) -> Result
     ctx.clear();
     ctx.decode_tokens(prompt, 0, true)?;
     let mut trace = GreedyTrace::default();
-    let mut pos = prompt.len() as i32;
-    for _ in 0..n {
+    for pos in (prompt.len() as i32..).take(n) {
         let logits = ctx.logits(-1)?.to_vec();
         let token = argmax(&logits);
         trace.tokens.push(token);
         trace.logits.push(logits);
         ctx.decode_tokens(&[token], pos, true)?;
-        pos += 1;
     }
     Ok(trace)
 }

@@ -200,7 +200,13 @@ fn svg(title: &str, rows: &[BenchRow]) -> String {
     let mut budgets: Vec<u64> = rows.iter().map(|r| r.budget).collect();
     budgets.sort_unstable();
     budgets.dedup();
-    let policies = [Policy::Pipeshard, Policy::PipeshardSync, Policy::Fit, Policy::Ngl, Policy::AttnGpu];
+    let policies = [
+        Policy::Pipeshard,
+        Policy::PipeshardSync,
+        Policy::Fit,
+        Policy::Ngl,
+        Policy::AttnGpu,
+    ];
     let colors = ["#d62728", "#ff9896", "#1f77b4", "#2ca02c", "#9467bd"];
     let (w, h, pad) = (900.0, 360.0, 50.0);
     let mut s = format!(

@@ -58,7 +58,11 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
         .split(',')
         .map(plan::parse_bytes)
         .collect::<Result<_, _>>()?;
-    let profile = if args.policies.iter().any(|p| matches!(p, Policy::Pipeshard | Policy::PipeshardSync)) {
+    let profile = if args
+        .policies
+        .iter()
+        .any(|p| matches!(p, Policy::Pipeshard | Policy::PipeshardSync))
+    {
         let b = BudgetArgs {
             vram_budget: None,
             profile: args.profile.clone(),

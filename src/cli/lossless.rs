@@ -107,7 +107,11 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
         c.max_abs_logit_diff,
         c.steps_compared,
         pipeshard::plan::fmt_bytes(plan.resident_bytes()),
-        if args.stream_all { "every host weight streamed" } else { "as planned" },
+        if args.stream_all {
+            "every host weight streamed"
+        } else {
+            "as planned"
+        },
         if plan.stream_slots > 0 {
             format!(", {} stream slots", plan.stream_slots)
         } else {

@@ -81,7 +81,11 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
     for &u in &ubatches {
         for &kv_layers in &kv_steps {
             let kv = kv_bytes(model, req, kv_layers);
-            let in_compute = if streaming == Streaming::Synchronous { max_layer_stream } else { 0 };
+            let in_compute = if streaming == Streaming::Synchronous {
+                max_layer_stream
+            } else {
+                0
+            };
             let compute = (compute_bytes(model, u as u64, in_compute) as f64 * req.compute_scale) as u64 + small_bytes;
             let fixed = kv + compute + req.reserve;
             let ev = Evaluator::new(model, &cm, req.workload, u, kv_layers);
@@ -127,7 +131,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                     continue;
                 }
                 let obj = ev.objective(&ev.evaluate(&resident));
-                if cfg_best.is_none_or(|b| obj < b.0 - 1e-12) {
+                if cfg_best.map_or(true, |b| obj < b.0 - 1e-12) {
                     cfg_best = Some((obj, pos, used, slots));
                 }
             }
@@ -169,7 +173,11 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 kv_gpu_layers: kv_layers,
                 n_layer: model.n_layer,
                 streaming,
-                stream_slots: if streaming == Streaming::Synchronous { 0 } else { req.stream_slots },
+                stream_slots: if streaming == Streaming::Synchronous {
+                    0
+                } else {
+                    req.stream_slots
+                },
                 pinned: req.pinned,
                 vram: VramBreakdown {
                     weights,

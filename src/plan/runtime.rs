@@ -111,7 +111,12 @@ pub fn dry_run_bytes(model: &Path, plan: &Plan, n_ctx: u64) -> Result<u64, Runti
     };
     applied.configure_context(&mut cp);
     let ctx = engine::Context::new(&loaded, cp)?;
-    Ok(ctx.memory_breakdown().iter().filter(|m| !m.is_host).map(|m| m.total()).sum())
+    Ok(ctx
+        .memory_breakdown()
+        .iter()
+        .filter(|m| !m.is_host)
+        .map(|m| m.total())
+        .sum())
 }
 
 /// Make a plan and check it against llama.cpp's own reservation

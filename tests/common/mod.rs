@@ -77,3 +77,14 @@ pub fn cpu_only_profile() -> pipeshard::profile::MachineProfile {
         attention: vec![],
     }
 }
+
+/// A small CPU context for the default model: 512 tokens, 64-token ubatches, 2 threads.
+pub fn small_context_params() -> pipeshard::engine::ContextParams {
+    pipeshard::engine::ContextParams {
+        n_ctx: 512,
+        n_batch: 64,
+        n_ubatch: 64,
+        n_threads: Some(2),
+        ..Default::default()
+    }
+}
