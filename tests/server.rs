@@ -3,40 +3,18 @@
 //! and with the real OpenAI Python client (`tests/python/openai_client.py`,
 //! found through `PIPESHARD_TEST_PYTHONPATH`, which `./dev test` sets).
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::server::{free_port, Server};
 use serde_json::{json, Value};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_pipeshard-server");
-
-/// A running server, killed on drop.
-struct Server {
-    child: Child,
-    base: String,
-    log: PathBuf,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn model() -> String {
-    pipeshard::default_model::ensure()
-        .expect("default model")
-        .display()
-        .to_string()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 fn log_path(tag: &str, port: u16) -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("server-{tag}-{port}.log"))
@@ -44,9 +22,7 @@ fn log_path(tag: &str, port: u16) -> PathBuf {
 
 fn spawn_cmd(bin: &str, pre: &[&str], args: &[&str], env: &[(&str, &str)], tag: &str) -> Server {
     let port = free_port();
-    let log = log_path(tag, port);
-    let file = std::fs::File::create(&log).unwrap();
-    let m = model();
+    let m = common::default_model_path().display().to_string();
     let mut cmd = Command::new(bin);
     cmd.args(pre)
         .args(["-m", &m, "--host", "127.0.0.1", "--port", &port.to_string()])
@@ -56,17 +32,18 @@ fn spawn_cmd(bin: &str, pre: &[&str], args: &[&str], env: &[(&str, &str)], tag: 
             cmd.env_remove(k);
         }
     }
-    cmd.envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(file.try_clone().unwrap())
-        .stderr(file);
-    let child = cmd.spawn().expect("spawning pipeshard-server");
-    let mut s = Server {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-        log,
-    };
-    s.wait_healthy();
+    cmd.envs(env.iter().copied());
+    let mut s = Server::start(cmd, port, log_path(tag, port));
+    let health = s.wait_healthy(|e| {
+        if let ureq::Error::Status(code, r) = e {
+            // While loading: upstream's 503 body.
+            assert_eq!(code, 503);
+            let v: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+            assert_eq!(v["error"]["type"], "unavailable_error");
+            assert_eq!(v["error"]["message"], "Loading model");
+        }
+    });
+    assert_eq!(health, json!({"status": "ok"}));
     s
 }
 
@@ -75,39 +52,6 @@ fn spawn(args: &[&str], tag: &str) -> Server {
 }
 
 impl Server {
-    fn wait_healthy(&mut self) {
-        let t0 = Instant::now();
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "server exited with {status}:\n{}",
-                    std::fs::read_to_string(&self.log).unwrap_or_default()
-                );
-            }
-            if let Ok(r) = ureq::get(&format!("{}/health", self.base))
-                .timeout(Duration::from_secs(2))
-                .call()
-            {
-                let v: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
-                assert_eq!(v, json!({"status": "ok"}));
-                return;
-            }
-            if let Err(ureq::Error::Status(code, r)) = ureq::get(&format!("{}/health", self.base)).call() {
-                // While loading: upstream's 503 body.
-                assert_eq!(code, 503);
-                let v: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
-                assert_eq!(v["error"]["type"], "unavailable_error");
-                assert_eq!(v["error"]["message"], "Loading model");
-            }
-            assert!(t0.elapsed() < Duration::from_secs(60), "server not healthy after 60 s");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
     /// (status, body) for any request; 4xx/5xx are answers, not errors.
     fn call(&self, method: &str, path: &str, body: Option<&str>, key: Option<&str>) -> (u16, String) {
         let mut req = ureq::request(method, &self.url(path)).timeout(Duration::from_secs(120));

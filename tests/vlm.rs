@@ -4,12 +4,12 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::server::{free_port, Server};
 use serde_json::{json, Value};
 
 const RUN: &str = env!("CARGO_BIN_EXE_pipeshard");
@@ -184,25 +184,9 @@ fn bad_images_and_flags_fail_cleanly() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--mmproj"));
 }
 
-/// A running server, killed on drop.
-struct Server {
-    child: Child,
-    base: String,
-    log: PathBuf,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve(extra: &[&Path]) -> Server {
     let (model, _, _, dir) = fixtures();
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let log = dir.join(format!("server-{port}.log"));
-    let file = std::fs::File::create(&log).unwrap();
+    let port = free_port();
     let mut cmd = Command::new(SERVER);
     cmd.arg("-m").arg(model);
     if let Some(mm) = extra.first() {
@@ -219,29 +203,10 @@ fn serve(extra: &[&Path]) -> Server {
         "2",
         "-ngl",
         "0",
-    ])
-    .stdin(Stdio::null())
-    .stdout(file.try_clone().unwrap())
-    .stderr(file);
-    let mut s = Server {
-        child: cmd.spawn().expect("spawning pipeshard-server"),
-        base: format!("http://127.0.0.1:{port}"),
-        log,
-    };
-    let t0 = Instant::now();
-    loop {
-        if let Ok(Some(st)) = s.child.try_wait() {
-            panic!(
-                "server exited with {st}:\n{}",
-                std::fs::read_to_string(&s.log).unwrap_or_default()
-            );
-        }
-        if ureq::get(&format!("{}/health", s.base)).call().is_ok() {
-            return s;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(60), "server not healthy after 60 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    ]);
+    let mut s = Server::start(cmd, port, dir.join(format!("server-{port}.log")));
+    s.wait_healthy(|_| {});
+    s
 }
 
 fn chat_with_image(s: &Server) -> (u16, Value) {

@@ -43,6 +43,14 @@ pub enum Policy {
     AttnGpu,
 }
 
+impl Policy {
+    /// pipeshard's own plan (with streaming slots or synchronous copies), as
+    /// opposed to an upstream policy.
+    pub fn is_pipeshard(self) -> bool {
+        matches!(self, Policy::Pipeshard | Policy::PipeshardSync)
+    }
+}
+
 /// Errors of a benchmark run.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -100,19 +108,6 @@ pub struct PolicyResult {
 
 fn cpu_buft() -> Option<BufferType> {
     engine::device_buffer_types(engine::first_device(DeviceKind::Cpu)?.index).map(|(b, _)| b)
-}
-
-/// Device bytes a placement needs, measured by a no-alloc dry run.
-fn dry_run_bytes(path: &Path, make: &dyn Fn() -> ModelParams<'static>, ctx: &ContextParams) -> Result<u64, BenchError> {
-    let mut mp = make();
-    mp.no_alloc = true;
-    let model = Model::load(path, mp)?;
-    let c = Context::new(&model, ctx.clone())?;
-    Ok(c.memory_breakdown()
-        .iter()
-        .filter(|m| !m.is_host)
-        .map(|m| m.total())
-        .sum())
 }
 
 fn expert_regex() -> &'static str {
@@ -218,7 +213,7 @@ pub fn run_policy(
             let moe_fit = policy == Policy::Fit && info.is_moe();
             let fits = |n: u32| -> Result<bool, BenchError> {
                 let make = move || upstream_params(policy, info, n);
-                Ok(dry_run_bytes(path, &make, &ctx_params)? + margin <= budget)
+                Ok(engine::dry_run_device_bytes(path, make(), ctx_params.clone())? + margin <= budget)
             };
             let n_layer = info.n_layer;
             let chosen = if moe_fit {

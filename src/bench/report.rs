@@ -106,7 +106,7 @@ impl BenchRow {
 fn best_upstream(rows: &[BenchRow], budget: u64) -> (Option<f64>, Option<f64>) {
     let up = rows
         .iter()
-        .filter(|r| r.budget == budget && !matches!(r.policy, Policy::Pipeshard | Policy::PipeshardSync) && r.valid());
+        .filter(|r| r.budget == budget && !r.policy.is_pipeshard() && r.valid());
     let ttft = up
         .clone()
         .map(|r| r.ttft_s)

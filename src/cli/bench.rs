@@ -43,7 +43,7 @@ pub struct BenchArgs {
     #[arg(long = "profile")]
     pub profile: Option<PathBuf>,
     /// Streaming slots of pipeshard's plan (0: synchronous copies).
-    #[arg(long = "stream-slots", default_value_t = crate::cli::plan::DEFAULT_SLOTS,
+    #[arg(long = "stream-slots", default_value_t = pipeshard::plan::DEFAULT_STREAM_SLOTS,
           value_parser = clap::value_parser!(u32).range(0..=8))]
     pub stream_slots: u32,
 }
@@ -58,16 +58,12 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
         .split(',')
         .map(plan::parse_bytes)
         .collect::<Result<_, _>>()?;
-    let profile = if args
-        .policies
-        .iter()
-        .any(|p| matches!(p, Policy::Pipeshard | Policy::PipeshardSync))
-    {
+    let profile = if args.policies.iter().any(|p| p.is_pipeshard()) {
         let b = BudgetArgs {
             vram_budget: None,
             profile: args.profile.clone(),
             plan: None,
-            stream_slots: crate::cli::plan::DEFAULT_SLOTS,
+            stream_slots: pipeshard::plan::DEFAULT_STREAM_SLOTS,
         };
         match resolve_profile(&b, threads) {
             Ok(p) => Some(p),

@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result};
 
 use pipeshard::bench::lossless::{compare, greedy_trace, GreedyTrace};
-use pipeshard::engine::{self, Context, ContextParams, FlashAttention, Model, ModelParams};
-use pipeshard::{default_model, progress};
+use pipeshard::default_model;
+use pipeshard::engine::{self, Context, ContextParams, FlashAttention, ModelParams};
 
 use super::plan::{plan_for_model, BudgetArgs};
+use super::run::load_with_progress;
 use super::GlobalArgs;
 
 #[derive(clap::Args, Debug)]
@@ -66,17 +67,7 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
     };
 
     let trace = |label: &str, mp: ModelParams<'_>, cp: ContextParams| -> Result<GreedyTrace> {
-        let bar = progress::fraction_bar(label);
-        let b = bar.clone();
-        let mp = ModelParams {
-            progress: Some(Box::new(move |p| {
-                b.set_position((p * 1000.0) as u64);
-                true
-            })),
-            ..mp
-        };
-        let model = Model::load(&model_path, mp).with_context(|| format!("loading {}", model_path.display()))?;
-        bar.finish_and_clear();
+        let model = load_with_progress(&model_path, mp, label)?;
         let mut ctx = Context::new(&model, cp).context("creating the context")?;
         let prompt = model.tokenize(&args.prompt, true, false)?;
         Ok(greedy_trace(&mut ctx, &prompt, args.n_predict)?)

@@ -11,8 +11,6 @@ use pipeshard::progress;
 
 use super::GlobalArgs;
 
-pub const DEFAULT_SLOTS: u32 = plan::DEFAULT_STREAM_SLOTS;
-
 /// Options shared by everything that plans: `plan`, `run`, `serve`, `bench`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct BudgetArgs {
@@ -27,7 +25,7 @@ pub struct BudgetArgs {
     pub plan: Option<PathBuf>,
     /// Device slots through which host weights stream to the GPU, copied ahead
     /// of use on their own stream; 0 plans for llama.cpp's synchronous copy per op.
-    #[arg(long = "stream-slots", env = "PIPESHARD_STREAM_SLOTS", default_value_t = DEFAULT_SLOTS,
+    #[arg(long = "stream-slots", env = "PIPESHARD_STREAM_SLOTS", default_value_t = plan::DEFAULT_STREAM_SLOTS,
           value_parser = clap::value_parser!(u32).range(0..=8))]
     pub stream_slots: u32,
 }

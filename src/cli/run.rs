@@ -1,7 +1,7 @@
 //! `pipeshard run`: one prompt, streamed to stdout, with timings.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
@@ -13,6 +13,19 @@ use pipeshard::generate::{generate, generate_from, EvaluatedPrompt, GenerateOutp
 use pipeshard::{default_model, progress};
 
 use super::plan::{plan_for_model, BudgetArgs};
+
+/// Load a model with a progress bar labelled `label`.
+pub(super) fn load_with_progress(path: &Path, mut params: ModelParams<'_>, label: &str) -> Result<Model> {
+    let bar = progress::fraction_bar(label);
+    let b = bar.clone();
+    params.progress = Some(Box::new(move |p| {
+        b.set_position((p * 1000.0) as u64);
+        true
+    }));
+    let model = Model::load(path, params).with_context(|| format!("loading {}", path.display()))?;
+    bar.finish_and_clear();
+    Ok(model)
+}
 use super::GlobalArgs;
 
 #[derive(clap::Args)]
@@ -136,14 +149,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
     }
 
     let t_load = Instant::now();
-    let bar = progress::fraction_bar("loading");
-    let load_bar = bar.clone();
-    model_params.progress = Some(Box::new(move |p| {
-        load_bar.set_position((p * 1000.0) as u64);
-        true
-    }));
-    let model = Model::load(&model_path, model_params).with_context(|| format!("loading {}", model_path.display()))?;
-    bar.finish_and_clear();
+    let model = load_with_progress(&model_path, model_params, "loading")?;
     let mut ctx = Context::new(&model, ctx_params).context("creating the context")?;
     if let Some((plan, _)) = &plan {
         let used: u64 = ctx

@@ -115,3 +115,22 @@ impl MemoryBreakdown {
         self.model + self.context + self.compute
     }
 }
+
+/// Device bytes llama.cpp reserves for `model` loaded with `params` and a
+/// context made with `ctx` (weights, KV cache, compute buffers, streaming
+/// slots), from a no-alloc load and reservation: nothing is read or allocated.
+pub fn dry_run_device_bytes(
+    model: &std::path::Path,
+    mut params: super::ModelParams<'_>,
+    ctx: super::ContextParams,
+) -> super::Result<u64> {
+    params.no_alloc = true;
+    let loaded = super::Model::load(model, params)?;
+    let ctx = super::Context::new(&loaded, ctx)?;
+    Ok(ctx
+        .memory_breakdown()
+        .iter()
+        .filter(|m| !m.is_host)
+        .map(|m| m.total())
+        .sum())
+}

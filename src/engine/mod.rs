@@ -26,7 +26,7 @@ mod vision;
 pub use backend::{device_free_bytes, first_device, has_gpu, init, list_devices, Device, DeviceKind};
 pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAttention};
 pub use error::{EngineError, Result};
-pub use memory::{buffer_types, device_buffer_types, BufferType, MemoryBreakdown};
+pub use memory::{buffer_types, device_buffer_types, dry_run_device_bytes, BufferType, MemoryBreakdown};
 pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
 pub use placement::{stream_schedule, Offload, OffloadPolicy, OffloadQuery, OpKind, StreamStep, TensorPlacement};
 pub use sampler::{Sampler, SamplingParams};

@@ -46,20 +46,23 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
         overheads: req.overheads,
     };
     let small_bytes = small_bytes(model);
-    // With synchronous copies the scheduler copies a layer's streamed
-    // weights into the compute buffer; with overlapped streaming they go
-    // through the slots instead, sized per candidate below.
-    let max_layer_stream: u64 = (0..model.n_layer)
-        .map(|l| {
-            model
-                .tensors
-                .iter()
-                .filter(|t| t.layer == Some(l) && is_placeable(t) && t.role != TensorRole::AttnOutput)
-                .map(|t| t.nbytes)
-                .sum::<u64>()
-        })
-        .max()
-        .unwrap_or(0);
+    // Streamed weights held in the compute buffer: with synchronous copies
+    // the scheduler copies a layer's streamed weights there; with overlapped
+    // streaming they go through the slots instead, sized per candidate below.
+    let in_compute: u64 = match streaming {
+        Streaming::Synchronous => (0..model.n_layer)
+            .map(|l| {
+                model
+                    .tensors
+                    .iter()
+                    .filter(|t| t.layer == Some(l) && is_placeable(t) && t.role != TensorRole::AttnOutput)
+                    .map(|t| t.nbytes)
+                    .sum::<u64>()
+            })
+            .max()
+            .unwrap_or(0),
+        Streaming::Overlapped | Streaming::Pipelined => 0,
+    };
     let ubatches: Vec<u32> = match req.ubatch {
         Some(u) => vec![u],
         None => [512u32, 1024, 2048, 4096]
@@ -81,11 +84,6 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
     for &u in &ubatches {
         for &kv_layers in &kv_steps {
             let kv = kv_bytes(model, req, kv_layers);
-            let in_compute = if streaming == Streaming::Synchronous {
-                max_layer_stream
-            } else {
-                0
-            };
             let compute = (compute_bytes(model, u as u64, in_compute) as f64 * req.compute_scale) as u64 + small_bytes;
             let fixed = kv + compute + req.reserve;
             let ev = Evaluator::new(model, &cm, req.workload, u, kv_layers);

@@ -98,25 +98,15 @@ pub fn machine_profile(
 /// exactly this placement and context: nothing is loaded or allocated.
 pub fn dry_run_bytes(model: &Path, plan: &Plan, n_ctx: u64) -> Result<u64, RuntimeError> {
     let applied = apply(plan)?;
-    let mut mp = engine::ModelParams {
-        no_alloc: true,
-        ..Default::default()
-    };
+    let mut mp = engine::ModelParams::default();
     applied.configure_model(&mut mp);
-    let loaded = engine::Model::load(model, mp)?;
     let mut cp = engine::ContextParams {
         n_ctx: n_ctx.min(u32::MAX as u64) as u32,
         flash_attention: engine::FlashAttention::On,
         ..Default::default()
     };
     applied.configure_context(&mut cp);
-    let ctx = engine::Context::new(&loaded, cp)?;
-    Ok(ctx
-        .memory_breakdown()
-        .iter()
-        .filter(|m| !m.is_host)
-        .map(|m| m.total())
-        .sum())
+    Ok(engine::dry_run_device_bytes(model, mp, cp)?)
 }
 
 /// Make a plan and check it against llama.cpp's own reservation

@@ -20,7 +20,7 @@ use super::error::ApiError;
 use super::params::{bool_field, gen_params, str_field, wants_stream, Api};
 use super::routes::JsonBody;
 use super::state::{AppState, Ready};
-use super::task::Event;
+use super::task::{Event, Final};
 use super::vision::image_bytes;
 
 type S = State<Arc<AppState>>;
@@ -40,6 +40,16 @@ fn new_id(prefix: &str) -> String {
 
 fn usage(n_prompt: usize, n_pred: usize) -> Value {
     json!({"prompt_tokens": n_prompt, "completion_tokens": n_pred, "total_tokens": n_prompt + n_pred})
+}
+
+/// The end of an OpenAI stream: the usage chunk (an empty chunk of the
+/// endpoint's shape, when `stream_options.include_usage` asked for it), then `[DONE]`.
+fn push_stream_end(out: &mut String, usage_chunk: Option<Value>, fin: &Final) {
+    if let Some(mut u) = usage_chunk {
+        u["usage"] = usage(fin.n_prompt, fin.n_predicted);
+        out.push_str(&sse_frame(&u));
+    }
+    out.push_str("data: [DONE]\n\n");
 }
 
 /// `GET /v1/models` (and `/models`).
@@ -236,12 +246,7 @@ pub async fn chat_completions(State(st): S, JsonBody(body): JsonBody) -> Result<
                         "finish_reason": fin.stop_type.finish_reason()}]));
                     last["timings"] = fin.timings();
                     out.push_str(&sse_frame(&last));
-                    if with_usage {
-                        let mut u = chunk(json!([]));
-                        u["usage"] = usage(fin.n_prompt, fin.n_predicted);
-                        out.push_str(&sse_frame(&u));
-                    }
-                    out.push_str("data: [DONE]\n\n");
+                    push_stream_end(&mut out, with_usage.then(|| chunk(json!([]))), &fin);
                     (out, true)
                 }
                 Event::Error(e) => {
@@ -325,12 +330,7 @@ pub async fn completions(State(st): S, JsonBody(body): JsonBody) -> Result<Respo
             Event::Done(fin) => {
                 let mut out = sse_frame(&chunk(json!([{"index": 0, "text": std::mem::take(&mut pending_echo),
                     "logprobs": null, "finish_reason": fin.stop_type.finish_reason()}])));
-                if with_usage {
-                    let mut u = chunk(json!([]));
-                    u["usage"] = usage(fin.n_prompt, fin.n_predicted);
-                    out.push_str(&sse_frame(&u));
-                }
-                out.push_str("data: [DONE]\n\n");
+                push_stream_end(&mut out, with_usage.then(|| chunk(json!([]))), &fin);
                 (out, true)
             }
             Event::Error(e) => (sse_frame(&ApiError::internal(e).to_json()), true),

@@ -43,7 +43,7 @@ impl Metrics {
         let prompt_s = g(&self.prompt_us_total) as f64 / 1e6;
         let pred_s = g(&self.predicted_us_total) as f64 / 1e6;
         let n_decode = g(&self.n_decode_total);
-        let rows: [(&str, &str, &str, f64); 15] = [
+        let rows: [(&str, &str, &str, f64); 16] = [
             (
                 "llamacpp:prompt_tokens_total",
                 "counter",
@@ -146,20 +146,17 @@ impl Metrics {
                 "Weight bytes streamed to the device.",
                 g(&self.bytes_streamed_total) as f64,
             ),
+            (
+                "pipeshard_copy_overlap_ratio",
+                "gauge",
+                "Fraction of weight copies overlapped with compute.",
+                g(&self.copy_overlap_ppm) as f64 / 1e6,
+            ),
         ];
         let mut out = String::new();
-        let mut emit = |name: &str, kind: &str, help: &str, v: f64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
-        };
         for (name, kind, help, v) in rows {
-            emit(name, kind, help, v);
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
         }
-        emit(
-            "pipeshard_copy_overlap_ratio",
-            "gauge",
-            "Fraction of weight copies overlapped with compute.",
-            g(&self.copy_overlap_ppm) as f64 / 1e6,
-        );
         out
     }
 }

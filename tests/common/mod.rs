@@ -88,3 +88,4 @@ pub fn small_context_params() -> pipeshard::engine::ContextParams {
         ..Default::default()
     }
 }
+pub mod server;
