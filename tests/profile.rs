@@ -128,7 +128,9 @@ fn check_profile(p: &MachineProfile) {
     // The cost model can use it for the CPU, and knows nothing of a GPU.
     let t1 = p.matmul_seconds(Device::Cpu, GgmlType::Q4_0, 4096, 4096, 1, false);
     let t16 = p.matmul_seconds(Device::Cpu, GgmlType::Q4_0, 4096, 4096, 16, false);
-    assert!(t1.is_finite() && t1 > 0.0 && t16 > t1, "{t1} {t16}");
+    // Not a timing claim: the profile is made monotone in tokens, so a
+    // noisy 1-token sample can never predict more than 16 tokens.
+    assert!(t1.is_finite() && t1 > 0.0 && t16 >= t1, "{t1} {t16}");
     if !gpu {
         assert!(p
             .matmul_seconds(Device::Gpu, GgmlType::Q4_0, 4096, 4096, 1, false)

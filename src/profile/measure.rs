@@ -294,7 +294,7 @@ pub fn measure(
         }
     }
 
-    Ok(MachineProfile {
+    let mut profile = MachineProfile {
         key: ProfileKey::current(threads),
         mode,
         measured_in_s: t_start.elapsed().as_secs_f64(),
@@ -303,5 +303,7 @@ pub fn measure(
         gpu_memory,
         matmul,
         attention,
-    })
+    };
+    profile.make_monotone();
+    Ok(profile)
 }

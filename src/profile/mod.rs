@@ -32,7 +32,7 @@ pub enum ProfileError {
 }
 
 /// Which device an op runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Device {
     Cpu,
@@ -156,10 +156,38 @@ impl MachineProfile {
             path: path.to_path_buf(),
             source,
         })?;
-        serde_yaml::from_str(&text).map_err(|source| ProfileError::Parse {
+        let mut profile: MachineProfile = serde_yaml::from_str(&text).map_err(|source| ProfileError::Parse {
             path: path.to_path_buf(),
             source,
-        })
+        })?;
+        profile.make_monotone();
+        Ok(profile)
+    }
+
+    /// Makes every matmul series non-decreasing in tokens: more columns
+    /// through the same weight never take less time (one column could be
+    /// computed as part of many). A noisy sample that breaks this would
+    /// make the planner prefer the larger batch for the wrong reason.
+    pub fn make_monotone(&mut self) {
+        self.matmul.sort_by(|a, b| {
+            (a.device, &a.ty, a.experts, a.link_busy, a.k, a.n, a.tokens).cmp(&(
+                b.device,
+                &b.ty,
+                b.experts,
+                b.link_busy,
+                b.k,
+                b.n,
+                b.tokens,
+            ))
+        });
+        for i in 1..self.matmul.len() {
+            let (prev, cur) = (&self.matmul[i - 1], &self.matmul[i]);
+            let same_series = (prev.device, &prev.ty, prev.experts, prev.link_busy, prev.k, prev.n)
+                == (cur.device, &cur.ty, cur.experts, cur.link_busy, cur.k, cur.n);
+            if same_series && cur.seconds < prev.seconds {
+                self.matmul[i].seconds = self.matmul[i - 1].seconds;
+            }
+        }
     }
 
     /// Write it as YAML.
@@ -365,7 +393,7 @@ mod tests {
     }
 
     fn profile() -> MachineProfile {
-        MachineProfile {
+        let mut p = MachineProfile {
             key: ProfileKey {
                 cpu: "test".into(),
                 gpu: None,
@@ -382,7 +410,29 @@ mod tests {
                 sample(Device::Cpu, "f16", 1, 4e-4),
             ],
             attention: vec![],
-        }
+        };
+        p.make_monotone();
+        p
+    }
+
+    #[test]
+    fn a_noisy_small_batch_never_predicts_more_than_a_larger_one() {
+        let mut p = profile();
+        // A preempted 1-token run, slower than the 32-token one.
+        p.matmul.push(sample(Device::Cpu, "q8_0", 1, 5e-3));
+        p.matmul.push(sample(Device::Cpu, "q8_0", 32, 1e-3));
+        p.matmul.push(sample(Device::Cpu, "q8_0", 256, 4e-3));
+        p.make_monotone();
+        let t = |n| p.matmul_seconds(Device::Cpu, GgmlType::Q8_0, 1024, 1024, n, false);
+        let series: Vec<f64> = [1, 8, 32, 100, 256, 1024].into_iter().map(t).collect();
+        assert!(series.windows(2).all(|w| w[0] <= w[1]), "{series:?}");
+        assert_eq!(t(32), 5e-3, "raised to the 1-token figure");
+        assert_eq!(t(256), 5e-3, "4 ms < 5 ms, raised too");
+        // Other series are untouched.
+        assert_eq!(
+            p.matmul_seconds(Device::Cpu, GgmlType::Q4_0, 1024, 1024, 32, false),
+            1e-3
+        );
     }
 
     #[test]
