@@ -212,3 +212,57 @@ fn synchronous_streaming_needs_no_slots_and_counts_copies_in_compute() {
         assert!(objective(&over) <= objective(&sync) + 1e-9, "{slots} slots");
     }
 }
+
+/// A vision encoder's peak is budgeted against the language model's compute
+/// peak (the two never coexist), not added to it: a peak below the language
+/// model's changes nothing, a larger one costs only the difference, and a
+/// budget that holds the larger peak but not the sum still gets a plan.
+#[test]
+fn vision_peak_counts_as_the_larger_of_the_two_not_the_sum() {
+    let profile = fixture();
+    let info = synth::model_info("qwen2.5-vl-7b", Quant::Q4_0).unwrap();
+    let budget = 4 * GIB;
+    let base = plan::make_plan(&info, &profile, &PlanRequest::new(budget, 4352)).unwrap();
+    let lang = base.vram.language_peak();
+    assert!(lang > 0 && base.vram.vision_peak == 0);
+    assert_eq!(base.vram.total, base.vram.persistent() + lang);
+
+    // Smaller than the language model's peak: the same plan.
+    let mut req = PlanRequest::new(budget, 4352);
+    req.vision_peak = lang / 2;
+    let small = plan::make_plan(&info, &profile, &req).unwrap();
+    assert_eq!(small.tensors, base.tensors);
+    assert_eq!(small.vram.total, base.vram.total);
+    assert_eq!(small.vram.vision_peak, lang / 2);
+
+    // Larger: only the difference is taken from the weights.
+    for extra in [256 << 20, GIB] {
+        let mut req = PlanRequest::new(budget, 4352);
+        req.vision_peak = lang + extra;
+        let p = plan::make_plan(&info, &profile, &req).unwrap();
+        assert!(p.vram.total <= budget, "{} > {budget}", p.vram.total);
+        assert_eq!(
+            p.vram.total,
+            p.vram.persistent() + p.vram.language_peak().max(req.vision_peak)
+        );
+        assert!(
+            p.vram.weights < base.vram.weights,
+            "less room for weights with a {} vision peak",
+            plan::fmt_bytes(req.vision_peak)
+        );
+        // Exactly the larger peak's budget works; the sum would not fit it.
+        let exact = p.vram.total;
+        assert!(p.vram.persistent() + p.vram.language_peak() + req.vision_peak > exact);
+        req.budget = exact;
+        let tight = plan::make_plan(&info, &profile, &req).expect("the larger peak fits");
+        assert!(tight.vram.total <= exact);
+    }
+
+    // A peak larger than the whole budget is refused with the minimum.
+    let mut req = PlanRequest::new(budget, 4352);
+    req.vision_peak = budget + GIB;
+    match plan::make_plan(&info, &profile, &req) {
+        Err(PlanError::BudgetTooSmall { minimum, .. }) => assert!(minimum > budget + GIB),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}

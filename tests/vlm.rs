@@ -256,3 +256,84 @@ fn server_answers_image_requests_only_with_mmproj() {
     assert_eq!(code, 400, "{v}");
     assert!(v.to_string().contains("--mmproj"), "{v}");
 }
+
+/// Compute bytes a context holds, over every buffer type.
+fn compute_bytes(ctx: &pipeshard::engine::Context<'_>) -> u64 {
+    ctx.memory_breakdown().iter().map(|m| m.compute).sum()
+}
+
+/// Greedy tokens for the image prompt with `opts`, and the language
+/// context's compute bytes right before the image was evaluated (after a
+/// release, when the peaks are kept apart) and right after.
+fn greedy_with(opts: pipeshard::engine::VisionOptions) -> (Vec<i32>, u64, u64) {
+    use pipeshard::engine::{self, Bitmap, Context, VisionProjector};
+    use pipeshard::generate::{generate_from, EvaluatedPrompt};
+    let (model_path, mmproj, png, _) = fixtures();
+    engine::init(None).unwrap();
+    let model = engine::Model::load(model_path, engine::ModelParams::default()).unwrap();
+    let mut ctx = Context::new(&model, common::small_context_params()).unwrap();
+    // Reserve the language model's compute buffers with a text decode first.
+    let warm = model.tokenize("hello", true, false).unwrap();
+    ctx.decode_tokens(&warm, 0, true).unwrap();
+    ctx.clear();
+    let before = compute_bytes(&ctx);
+    let proj = VisionProjector::load(&model, mmproj, opts).unwrap();
+    let image = Bitmap::from_file(&proj, png).unwrap();
+    let text = format!("{}\nWhat is this?", engine::media_marker());
+    let ev = proj
+        .eval_prompt(&mut ctx, &text, std::slice::from_ref(&image), 0, true)
+        .unwrap();
+    let after = compute_bytes(&ctx);
+    let prompt = EvaluatedPrompt {
+        n_past: ev.n_past,
+        n_tokens: ev.n_tokens,
+        started: std::time::Instant::now(),
+    };
+    let greedy = engine::SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let out = generate_from(&mut ctx, prompt, 12, &greedy, &[], |_| true).unwrap();
+    (out.tokens, before, after)
+}
+
+/// Keeping the encoder's and the language model's peaks apart (compute
+/// released before and after each encode, weights on the host where there
+/// is a GPU) changes no token, and the released compute is reserved again.
+/// On a machine without a GPU, the encoder needs no device memory.
+#[test]
+fn separate_peaks_are_lossless_and_release_compute() {
+    use pipeshard::engine::{self, Context, VisionOptions};
+    let (upstream, before_up, after_up) = greedy_with(VisionOptions::upstream(false, 2));
+    let (apart, before_apart, after_apart) = greedy_with(VisionOptions::budgeted(2, 2));
+    assert_eq!(upstream.len(), 12);
+    assert_eq!(upstream, apart, "the same greedy tokens");
+    assert!(before_up > 0 && after_up > 0 && before_apart > 0 && after_apart > 0);
+
+    // A release frees the context's compute; the next decode reserves it again.
+    let (model_path, mmproj, png, _) = fixtures();
+    let model = engine::Model::load(model_path, engine::ModelParams::default()).unwrap();
+    let mut ctx = Context::new(&model, common::small_context_params()).unwrap();
+    let toks = model.tokenize("hello there", true, false).unwrap();
+    ctx.decode_tokens(&toks, 0, true).unwrap();
+    assert!(compute_bytes(&ctx) > 0);
+    ctx.release_compute();
+    assert_eq!(compute_bytes(&ctx), 0, "released");
+    ctx.clear();
+    ctx.decode_tokens(&toks, 0, true).unwrap();
+    assert!(compute_bytes(&ctx) > 0, "reserved again");
+
+    // The encoder's device peak for this image, before any model is loaded.
+    let peak = engine::encoder_peak_bytes(
+        model_path,
+        mmproj,
+        VisionOptions::budgeted(2, 2),
+        &engine::PeakImage::File(png.clone()),
+    )
+    .unwrap();
+    if engine::has_gpu() {
+        assert!(peak > 0);
+    } else {
+        assert_eq!(peak, 0, "no device, no device memory");
+    }
+}

@@ -50,7 +50,7 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
     };
     engine::init(global.backend_dir.as_deref()).context("initialising llama.cpp")?;
     let threads = args.threads.unwrap_or_else(engine::default_threads);
-    let (mut plan, _) = plan_for_model(&args.budget, &model_path, args.ctx_size as u64, threads)?
+    let (mut plan, _) = plan_for_model(&args.budget, &model_path, args.ctx_size as u64, threads, 0)?
         .context("lossless compares a plan with the full-GPU placement: give --vram-budget or --plan (and a GPU)")?;
     if args.stream_all {
         plan.stream_everything();

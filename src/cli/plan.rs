@@ -31,6 +31,11 @@ pub struct BudgetArgs {
 }
 
 impl BudgetArgs {
+    /// Whether pipeshard plans the placement (`--vram-budget` or `--plan`).
+    pub fn is_set(&self) -> bool {
+        self.vram_budget.is_some() || self.plan.is_some()
+    }
+
     /// The budget in bytes, resolving `auto`.
     pub fn budget_bytes(&self) -> Result<Option<u64>> {
         match self.vram_budget.as_deref() {
@@ -69,17 +74,20 @@ fn measure_with_bar(mode: ProfileMode, threads: i32) -> Result<MachineProfile> {
 
 /// The plan for `model` from `--plan` or `--vram-budget`, applied; None
 /// when neither is given (upstream placement, as llama.cpp does it).
+/// `vision_peak` is the device memory a vision encoder needs while it runs.
 pub fn plan_for_model(
     args: &BudgetArgs,
     model: &std::path::Path,
     n_ctx: u64,
     threads: i32,
+    vision_peak: u64,
 ) -> Result<Option<(plan::Plan, plan::apply::Applied)>> {
     let source = plan::runtime::PlanSource {
         plan_file: args.plan.clone(),
         budget: args.budget_bytes()?,
         profile: args.profile.clone(),
         stream_slots: args.stream_slots,
+        vision_peak,
     };
     let bar = progress::steps_bar(1, "profiling");
     let r = plan::runtime::plan_for_model(&source, model, n_ctx, threads, |done, total| {

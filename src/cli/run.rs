@@ -89,6 +89,9 @@ pub struct RunArgs {
     /// Image to show the model (PNG, JPEG, BMP, GIF); implies --chat.
     #[arg(long = "image", requires = "mmproj")]
     pub image: Option<PathBuf>,
+    /// Run the vision encoder on the CPU (upstream's --no-mmproj-offload).
+    #[arg(long = "no-mmproj-offload")]
+    pub no_mmproj_offload: bool,
     #[command(flatten)]
     pub budget: BudgetArgs,
 }
@@ -129,7 +132,32 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
         flash_attention: fa,
         ..Default::default()
     };
-    let plan = plan_for_model(&args.budget, &model_path, args.ctx_size as u64, threads)?;
+    // With a budget, the vision encoder streams its weights from the host
+    // and its peak is budgeted against the language model's compute, not
+    // added to it; without one it runs as upstream's does.
+    let budgeted = args.budget.is_set() && engine::has_gpu() && !args.no_mmproj_offload;
+    let vision_opts = if budgeted {
+        engine::VisionOptions::budgeted(threads, args.budget.stream_slots.max(1))
+    } else {
+        engine::VisionOptions::upstream(args.n_gpu_layers != 0 && !args.no_mmproj_offload, threads)
+    };
+    let vision_peak = match (&args.mmproj, budgeted && args.budget.plan.is_none()) {
+        (Some(mm), true) => {
+            let image = match &args.image {
+                Some(img) => engine::PeakImage::File(img.clone()),
+                None => engine::PeakImage::Largest,
+            };
+            let peak = engine::encoder_peak_bytes(&model_path, mm, vision_opts, &image)
+                .with_context(|| format!("measuring the vision encoder of {}", mm.display()))?;
+            eprintln!(
+                "vision encoder: {} of device memory while it runs",
+                pipeshard::plan::fmt_bytes(peak)
+            );
+            peak
+        }
+        _ => 0,
+    };
+    let plan = plan_for_model(&args.budget, &model_path, args.ctx_size as u64, threads, vision_peak)?;
     if let Some((plan, applied)) = &plan {
         eprintln!(
             "plan: ubatch {}, {} resident, KV {}/{} layers on GPU, VRAM {} of {}; predicted TTFT {:.3} s and {:.1} tok/s for {}+{} tokens",
@@ -170,7 +198,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
 
     let vision = match &args.mmproj {
         Some(mm) => Some(
-            engine::VisionProjector::load(&model, mm, args.n_gpu_layers != 0, threads)
+            engine::VisionProjector::load(&model, mm, vision_opts)
                 .with_context(|| format!("loading the projector for {}", model_path.display()))?,
         ),
         None => None,

@@ -317,6 +317,14 @@ impl<'m> Context<'m> {
         }
     }
 
+    /// Free the compute buffers and weight-streaming slots until the next
+    /// decode, which reserves them again (patch 0004). A vision encoder can
+    /// use the device memory meanwhile.
+    pub fn release_compute(&mut self) {
+        // SAFETY: valid context; llama.cpp synchronises before freeing.
+        unsafe { ffi::llama_release_compute(self.ptr.as_ptr()) };
+    }
+
     /// Forget all sequences.
     pub fn clear(&mut self) {
         // SAFETY: valid context.

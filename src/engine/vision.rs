@@ -20,10 +20,53 @@ pub fn media_marker() -> String {
         .into_owned()
 }
 
+/// Where and how the vision encoder runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VisionOptions {
+    /// Run the encoder's ops on the GPU (`--mmproj-offload`).
+    pub use_gpu: bool,
+    /// Keep the encoder's weights in pinned host memory and stream them to
+    /// the GPU for its ops (patch 0004); needs `use_gpu`.
+    pub weights_on_host: bool,
+    /// Device slots for the streamed weights.
+    pub stream_slots: u32,
+    /// Free the encoder's compute memory after each image, and the
+    /// language context's before it, so the two peaks never coexist.
+    pub separate_peaks: bool,
+    /// CPU threads.
+    pub threads: i32,
+}
+
+impl VisionOptions {
+    /// Upstream's behaviour: the whole encoder on the GPU (or on the CPU).
+    pub fn upstream(use_gpu: bool, threads: i32) -> Self {
+        VisionOptions {
+            use_gpu,
+            weights_on_host: false,
+            stream_slots: 0,
+            separate_peaks: false,
+            threads,
+        }
+    }
+
+    /// pipeshard's: encoder weights on the host, streamed, and the encoder's
+    /// and the language model's compute peaks kept apart.
+    pub fn budgeted(threads: i32, stream_slots: u32) -> Self {
+        VisionOptions {
+            use_gpu: true,
+            weights_on_host: true,
+            stream_slots,
+            separate_peaks: true,
+            threads,
+        }
+    }
+}
+
 /// A multimodal projector bound to a language model.
 pub struct VisionProjector<'m> {
     ptr: NonNull<ffi::mtmd_context>,
     model: &'m Model,
+    opts: VisionOptions,
 }
 
 // SAFETY: an mtmd_context may move between threads; it is not shared (no
@@ -55,7 +98,7 @@ pub struct VisionEval {
 impl<'m> VisionProjector<'m> {
     /// Load an mmproj GGUF for `model`. It fails (with llama.cpp's reason in
     /// the log) when the file is not a projector or does not match the model.
-    pub fn load(model: &'m Model, mmproj: &Path, use_gpu: bool, threads: i32) -> Result<Self> {
+    pub fn load(model: &'m Model, mmproj: &Path, opts: VisionOptions) -> Result<Self> {
         let fail = |reason: &str| EngineError::ProjectorLoad {
             path: mmproj.to_path_buf(),
             reason: reason.to_string(),
@@ -67,10 +110,18 @@ impl<'m> VisionProjector<'m> {
         let c_path = CString::new(mmproj.to_string_lossy().as_bytes()).map_err(|_| EngineError::NulInText)?;
         // SAFETY: default params are plain data.
         let mut p = unsafe { ffi::mtmd_context_params_default() };
-        p.use_gpu = use_gpu;
-        p.n_threads = threads.max(1);
+        p.use_gpu = opts.use_gpu;
+        p.n_threads = opts.threads.max(1);
         p.print_timings = false;
         p.warmup = false;
+        if opts.weights_on_host && opts.use_gpu {
+            // Flash attention in the ViT at every resolution (the scheduler
+            // runs it on the CPU where the GPU lacks it); AUTO would only
+            // decide at the first encode, after the budget is set.
+            p.flash_attn_type = ffi::LLAMA_FLASH_ATTN_TYPE_ENABLED;
+            p.weights_on_host = true;
+            p.n_stream_slots = opts.stream_slots as i32;
+        }
         // SAFETY: c_path outlives the call; the model outlives the projector ('m).
         let raw = unsafe { ffi::mtmd_init_from_file(c_path.as_ptr(), model.as_ptr(), p) };
         let ptr = NonNull::new(raw).ok_or_else(|| {
@@ -82,7 +133,64 @@ impl<'m> VisionProjector<'m> {
             unsafe { ffi::mtmd_free(ptr.as_ptr()) };
             return Err(fail("the projector has no vision encoder"));
         }
-        Ok(VisionProjector { ptr, model })
+        Ok(VisionProjector { ptr, model, opts })
+    }
+
+    /// How it was loaded.
+    pub fn options(&self) -> VisionOptions {
+        self.opts
+    }
+
+    /// Free the encoder's compute buffers and streaming slots until the
+    /// next image (patch 0004).
+    pub fn release_compute(&self) {
+        // SAFETY: valid context, used by this thread only.
+        unsafe { ffi::mtmd_release_compute(self.ptr.as_ptr()) };
+    }
+
+    /// Device bytes the encoder's compute needs for `image` (compute
+    /// buffers and streaming slots, not weights): llama.cpp's no-alloc
+    /// reservation of the real graph for that image after preprocessing.
+    pub fn encode_device_bytes(&self, image: &Bitmap) -> Result<u64> {
+        let chunks = self.tokenize(&media_marker(), std::slice::from_ref(image), false)?;
+        let mut bytes = 0u64;
+        for i in 0..chunks.len() {
+            let chunk = chunks.get(i);
+            // SAFETY: valid chunk of a live list; the query allocates nothing.
+            bytes = bytes.max(unsafe { ffi::mtmd_encode_chunk_device_size(self.ptr.as_ptr(), chunk) } as u64);
+        }
+        Ok(bytes)
+    }
+
+    fn tokenize(&self, text: &str, images: &[Bitmap], add_special: bool) -> Result<Chunks> {
+        let c_text = CString::new(text).map_err(|_| EngineError::NulInText)?;
+        let input = ffi::mtmd_input_text {
+            text: c_text.as_ptr(),
+            text_len: text.len(),
+            add_special,
+            parse_special: true,
+        };
+        let chunks = Chunks::new()?;
+        let bitmaps: Vec<*const ffi::mtmd_bitmap> = images.iter().map(|b| b.ptr.as_ptr() as *const _).collect();
+        // SAFETY: every pointer is valid for the call; mtmd copies what it keeps.
+        let rc = unsafe {
+            ffi::mtmd_tokenize(
+                self.ptr.as_ptr(),
+                chunks.0.as_ptr(),
+                &input,
+                bitmaps.as_ptr(),
+                bitmaps.len(),
+            )
+        };
+        match rc {
+            0 => Ok(chunks),
+            1 => Err(EngineError::VisionEval(format!(
+                "the prompt has a different number of media markers than the {} image(s) given",
+                images.len()
+            ))),
+            2 => Err(EngineError::VisionEval("image preprocessing failed".into())),
+            c => Err(EngineError::VisionEval(format!("mtmd_tokenize returned {c}"))),
+        }
     }
 
     /// The language model this projector feeds.
@@ -108,36 +216,7 @@ impl<'m> VisionProjector<'m> {
         add_special: bool,
     ) -> Result<VisionEval> {
         let t0 = Instant::now();
-        let c_text = CString::new(text).map_err(|_| EngineError::NulInText)?;
-        let input = ffi::mtmd_input_text {
-            text: c_text.as_ptr(),
-            text_len: text.len(),
-            add_special,
-            parse_special: true,
-        };
-        let chunks = Chunks::new()?;
-        let bitmaps: Vec<*const ffi::mtmd_bitmap> = images.iter().map(|b| b.ptr.as_ptr() as *const _).collect();
-        // SAFETY: every pointer is valid for the call; mtmd copies what it keeps.
-        let rc = unsafe {
-            ffi::mtmd_tokenize(
-                self.ptr.as_ptr(),
-                chunks.0.as_ptr(),
-                &input,
-                bitmaps.as_ptr(),
-                bitmaps.len(),
-            )
-        };
-        match rc {
-            0 => {}
-            1 => {
-                return Err(EngineError::VisionEval(format!(
-                    "the prompt has a different number of media markers than the {} image(s) given",
-                    images.len()
-                )))
-            }
-            2 => return Err(EngineError::VisionEval("image preprocessing failed".into())),
-            c => return Err(EngineError::VisionEval(format!("mtmd_tokenize returned {c}"))),
-        }
+        let chunks = self.tokenize(text, images, add_special)?;
         // SAFETY: valid chunk list.
         let (n_chunks, n_pos, n_tokens) = unsafe {
             (
@@ -161,8 +240,12 @@ impl<'m> VisionProjector<'m> {
             let chunk = unsafe { ffi::mtmd_input_chunks_get(chunks.0.as_ptr(), i) };
             // SAFETY: valid chunk.
             let is_media = unsafe { ffi::mtmd_input_chunk_get_type(chunk) } != ffi::MTMD_INPUT_CHUNK_TYPE_TEXT;
-            let t = Instant::now();
             let mut new_pos = pos;
+            if is_media {
+                encode_ms += self.eval_image(ctx, chunk, pos, n_batch, &mut new_pos, i)?;
+                pos = new_pos;
+                continue;
+            }
             // SAFETY: both contexts are valid and used by this thread only;
             // new_pos is a valid out pointer.
             let rc = unsafe {
@@ -179,12 +262,8 @@ impl<'m> VisionProjector<'m> {
             };
             if rc != 0 {
                 return Err(EngineError::VisionEval(format!(
-                    "{} chunk {i} failed with code {rc}",
-                    if is_media { "encoding image" } else { "decoding text" }
+                    "decoding text chunk {i} failed with code {rc}"
                 )));
-            }
-            if is_media {
-                encode_ms += t.elapsed().as_secs_f64() * 1e3;
             }
             pos = new_pos;
         }
@@ -197,15 +276,116 @@ impl<'m> VisionProjector<'m> {
         })
     }
 
+    /// Encode an image chunk and decode its embeddings into `ctx`. With
+    /// `separate_peaks`, the language context holds no compute memory while
+    /// the encoder runs, and the encoder frees its own before the
+    /// embeddings are decoded: the two peaks never coexist. Returns the
+    /// encode time in ms.
+    fn eval_image(
+        &self,
+        ctx: &mut Context<'_>,
+        chunk: *const ffi::mtmd_input_chunk,
+        pos: i32,
+        n_batch: i32,
+        new_pos: &mut i32,
+        index: usize,
+    ) -> Result<f64> {
+        let t = Instant::now();
+        if self.opts.separate_peaks {
+            ctx.release_compute();
+        }
+        // SAFETY: valid contexts and chunk, used by this thread only.
+        let rc = unsafe { ffi::mtmd_encode_chunk(self.ptr.as_ptr(), chunk) };
+        if self.opts.separate_peaks {
+            self.release_compute();
+        }
+        if rc != 0 {
+            return Err(EngineError::VisionEval(format!(
+                "encoding image chunk {index} failed with code {rc}"
+            )));
+        }
+        let encode_ms = t.elapsed().as_secs_f64() * 1e3;
+        // SAFETY: the embeddings of the last encode live in the mtmd
+        // context until the next encode; new_pos is a valid out pointer.
+        let rc = unsafe {
+            let embd = ffi::mtmd_get_output_embd(self.ptr.as_ptr());
+            ffi::mtmd_helper_decode_image_chunk(
+                self.ptr.as_ptr(),
+                ctx.as_ptr(),
+                chunk,
+                embd,
+                pos,
+                0,
+                n_batch,
+                new_pos,
+                None,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc != 0 {
+            return Err(EngineError::VisionEval(format!(
+                "decoding the embeddings of image chunk {index} failed with code {rc}"
+            )));
+        }
+        Ok(encode_ms)
+    }
+
     pub(crate) fn as_ptr(&self) -> *mut ffi::mtmd_context {
         self.ptr.as_ptr()
     }
+}
+
+/// The image an encoder peak is measured for.
+#[derive(Debug, Clone)]
+pub enum PeakImage {
+    /// This image file.
+    File(std::path::PathBuf),
+    /// The largest image the projector takes: a huge blank one, which its
+    /// preprocessing scales down to the projector's maximum.
+    Largest,
+}
+
+/// Device bytes the vision encoder of `mmproj` needs while it encodes
+/// `image` with `opts` (compute buffers and streaming slots, plus its
+/// weights unless they stay on the host), measured before the language
+/// model is loaded: the projector is loaded against a vocabulary-only load
+/// of `model` and its graph for the image is reserved without allocating.
+pub fn encoder_peak_bytes(model: &Path, mmproj: &Path, opts: VisionOptions, image: &PeakImage) -> Result<u64> {
+    let params = super::ModelParams {
+        vocab_only: true,
+        ..Default::default()
+    };
+    let vocab = Model::load(model, params)?;
+    let proj = VisionProjector::load(&vocab, mmproj, opts)?;
+    let bitmap = match image {
+        PeakImage::File(path) => Bitmap::from_file(&proj, path)?,
+        PeakImage::Largest => Bitmap::blank(4096, 4096)?,
+    };
+    let compute = proj.encode_device_bytes(&bitmap)?;
+    let weights = if opts.use_gpu && !opts.weights_on_host {
+        crate::gguf::GgufFile::open(mmproj)
+            .map(|f| f.tensors().iter().map(|t| t.nbytes).sum::<u64>())
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    Ok(compute + weights)
 }
 
 /// An owned `mtmd_input_chunks` list.
 struct Chunks(NonNull<ffi::mtmd_input_chunks>);
 
 impl Chunks {
+    fn len(&self) -> usize {
+        // SAFETY: valid list.
+        unsafe { ffi::mtmd_input_chunks_size(self.0.as_ptr()) }
+    }
+
+    fn get(&self, i: usize) -> *const ffi::mtmd_input_chunk {
+        // SAFETY: callers keep i < len; the chunk lives as long as the list.
+        unsafe { ffi::mtmd_input_chunks_get(self.0.as_ptr(), i) }
+    }
+
     fn new() -> Result<Self> {
         // SAFETY: plain allocation.
         NonNull::new(unsafe { ffi::mtmd_input_chunks_init() })
@@ -237,6 +417,18 @@ impl Drop for Bitmap {
 }
 
 impl Bitmap {
+    /// A black RGB image of `width × height` pixels.
+    pub fn blank(width: u32, height: u32) -> Result<Bitmap> {
+        let data = vec![0u8; width as usize * height as usize * 3];
+        // SAFETY: data holds nx*ny*3 bytes; mtmd copies them.
+        let raw = unsafe { ffi::mtmd_bitmap_init(width, height, data.as_ptr()) };
+        let ptr = NonNull::new(raw).ok_or_else(|| EngineError::Image {
+            what: format!("{width}x{height} blank image"),
+            reason: "cannot allocate it".into(),
+        })?;
+        Ok(Bitmap { ptr })
+    }
+
     /// Decode an image file (PNG, JPEG, BMP, GIF, ... as stb_image reads them).
     pub fn from_file(proj: &VisionProjector<'_>, path: &Path) -> Result<Bitmap> {
         let what = path.display().to_string();

@@ -78,6 +78,9 @@ pub struct PlanRequest {
     pub pinned: bool,
     /// VRAM kept free for CUDA's own pools and workspaces.
     pub reserve: u64,
+    /// Device bytes a vision encoder needs while it runs (see
+    /// [`VramBreakdown::vision_peak`]); 0 without one.
+    pub vision_peak: u64,
     /// Correction of the analytic compute-buffer estimate, from a dry run
     /// ([`runtime::make_measured_plan`]); 1.0 uses the estimate as is.
     pub compute_scale: f64,
@@ -108,6 +111,7 @@ impl PlanRequest {
             stream_slots: DEFAULT_STREAM_SLOTS,
             pinned: true,
             reserve: 160 << 20,
+            vision_peak: 0,
             compute_scale: 1.0,
             overheads: Overheads::default(),
         }
@@ -142,12 +146,36 @@ pub struct VramBreakdown {
     #[serde(default)]
     pub stream_overhead: u64,
     pub reserve: u64,
+    /// Device bytes the vision encoder needs while it runs (compute and
+    /// streaming slots; its weights stay on the host). The language
+    /// model's compute memory is released meanwhile, so only the larger of
+    /// the two peaks counts in `total`.
+    #[serde(default)]
+    pub vision_peak: u64,
     pub total: u64,
     pub budget: u64,
     /// Device bytes llama.cpp's own no-alloc reservation of this plan needs
     /// (everything but the reserve), when it was checked.
     #[serde(default)]
     pub measured: Option<u64>,
+}
+
+impl VramBreakdown {
+    /// Memory held for the whole run: weights, KV cache and the reserve.
+    pub fn persistent(&self) -> u64 {
+        self.weights + self.kv_cache + self.reserve
+    }
+
+    /// The language model's compute peak: compute buffers and streaming.
+    pub fn language_peak(&self) -> u64 {
+        self.compute + self.stream_slots + self.stream_overhead
+    }
+
+    /// Persistent memory plus the larger of the language model's and the
+    /// vision encoder's peaks, which never coexist.
+    pub fn total_with(persistent: u64, language_peak: u64, vision_peak: u64) -> u64 {
+        persistent + language_peak.max(vision_peak)
+    }
 }
 
 /// Predicted speed.

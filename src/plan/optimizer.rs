@@ -85,7 +85,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
         for &kv_layers in &kv_steps {
             let kv = kv_bytes(model, req, kv_layers);
             let compute = (compute_bytes(model, u as u64, in_compute) as f64 * req.compute_scale) as u64 + small_bytes;
-            let fixed = kv + compute + req.reserve;
+            let fixed = kv + req.reserve;
             let ev = Evaluator::new(model, &cm, req.workload, u, kv_layers);
             let sizes: Vec<u64> = ev.tensors.iter().map(|&i| model.tensors[i].cuda_alloc_size()).collect();
             let mut order: Vec<usize> = (0..ev.tensors.len()).filter(|&k| ev.saving(k) > 0.0).collect();
@@ -123,7 +123,11 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                     resident[k] = true;
                 }
                 let slots = slot_bytes(&resident);
-                let need = fixed + used + slots + stream_overhead(slots, req.stream_slots);
+                let need = VramBreakdown::total_with(
+                    fixed + used,
+                    compute + slots + stream_overhead(slots, req.stream_slots),
+                    req.vision_peak,
+                );
                 minimum = minimum.min(need);
                 if need > req.budget {
                     continue;
@@ -184,7 +188,12 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                     stream_slots: slots,
                     stream_overhead: overhead,
                     reserve: req.reserve,
-                    total: weights + kv + compute + slots + overhead + req.reserve,
+                    vision_peak: req.vision_peak,
+                    total: VramBreakdown::total_with(
+                        weights + kv + req.reserve,
+                        compute + slots + overhead,
+                        req.vision_peak,
+                    ),
                     budget: req.budget,
                     measured: None,
                 },

@@ -45,6 +45,9 @@ pub struct PlanSource {
     pub profile: Option<PathBuf>,
     /// Streaming slots (0: llama.cpp's synchronous copies).
     pub stream_slots: u32,
+    /// Device bytes the vision encoder needs while it runs; the plan
+    /// budgets the larger of this and the language model's compute peak.
+    pub vision_peak: u64,
 }
 
 /// Read a plan saved by `pipeshard plan --format yaml|json`.
@@ -130,14 +133,16 @@ pub fn make_measured_plan(
         // What llama.cpp reserves: everything but the reserve and the
         // streaming overhead, which it does not see.
         let unseen = plan.vram.reserve + plan.vram.stream_overhead;
-        let estimated = plan.vram.total - unseen;
+        let estimated = plan.vram.persistent() + plan.vram.language_peak() - unseen;
+        // The vision encoder's peak beyond the language model's compute.
+        let vision_extra = plan.vram.vision_peak.saturating_sub(plan.vram.language_peak());
         tracing::info!(
             "plan check {}: llama.cpp reserves {} on the GPU, the plan estimated {}",
             round + 1,
             super::fmt_bytes(measured),
             super::fmt_bytes(estimated)
         );
-        let fits = measured + unseen <= req.budget;
+        let fits = measured + unseen + vision_extra <= req.budget;
         let close = measured.abs_diff(estimated) <= req.budget / 50;
         if fits && close {
             break;
@@ -181,6 +186,7 @@ pub fn plan_for_model(
             gen_tokens: 64,
         };
         req.stream_slots = source.stream_slots;
+        req.vision_peak = source.vision_peak;
         make_measured_plan(model, &info, &profile, req)?
     } else {
         return Ok(None);

@@ -98,11 +98,30 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
     }
     // pipeshard's plan, when --plan or --vram-budget is given.
     let threads = config.threads.unwrap_or_else(engine::default_threads);
+    // With a budget, the vision encoder streams its weights from the host,
+    // and its peak for the largest image it takes is budgeted against the
+    // language model's compute, not added to it.
+    let budgeted = (config.vram_budget.is_some() || config.plan.is_some())
+        && engine::has_gpu()
+        && config.mmproj_offload
+        && config.n_gpu_layers != 0;
+    let vision_opts = if budgeted {
+        engine::VisionOptions::budgeted(threads, config.stream_slots.max(1))
+    } else {
+        engine::VisionOptions::upstream(config.mmproj_offload && config.n_gpu_layers != 0, threads)
+    };
+    let vision_peak = match (&config.mmproj, budgeted && config.plan.is_none()) {
+        (Some(mm), true) => {
+            engine::encoder_peak_bytes(&path, mm, vision_opts, &engine::PeakImage::Largest).map_err(|e| err(&e))?
+        }
+        _ => 0,
+    };
     let source = crate::plan::runtime::PlanSource {
         plan_file: config.plan.clone(),
         budget: config.vram_budget,
         profile: config.profile.clone(),
         stream_slots: config.stream_slots,
+        vision_peak,
     };
     let planned = crate::plan::runtime::plan_for_model(&source, &path, config.n_ctx as u64, threads, |_, _| {})
         .map_err(|e| err(&e))?;
@@ -174,7 +193,7 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
                 model.clone(),
                 mm,
                 config.media_dir.clone(),
-                config.mmproj_offload && config.n_gpu_layers != 0,
+                vision_opts,
                 ContextParams {
                     n_ctx: n,
                     n_seq_max: 1,

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use crate::engine::{Bitmap, Context, ContextParams, EngineError, Model, VisionProjector};
+use crate::engine::{Bitmap, Context, ContextParams, EngineError, Model, VisionOptions, VisionProjector};
 use crate::generate::{generate_from, EvaluatedPrompt, StopReason};
 
 use super::error::ApiError;
@@ -44,17 +44,16 @@ impl VisionHandle {
         model: Arc<Model>,
         mmproj: &Path,
         media_dir: Option<std::path::PathBuf>,
-        use_gpu: bool,
+        opts: VisionOptions,
         params: ContextParams,
     ) -> Result<Self, EngineError> {
         let (tx, rx) = std::sync::mpsc::channel::<VisionJob>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let mmproj = mmproj.to_path_buf();
-        let threads = params.n_threads.unwrap_or_else(crate::engine::default_threads);
         std::thread::Builder::new()
             .name("pipeshard-vision".into())
             .spawn(move || {
-                let setup = VisionProjector::load(&model, &mmproj, use_gpu, threads)
+                let setup = VisionProjector::load(&model, &mmproj, opts)
                     .and_then(|p| Context::new(&model, params).map(|c| (p, c)));
                 let (proj, mut ctx) = match setup {
                     Ok(x) => x,
