@@ -200,5 +200,73 @@ s7() {
     lossless r1-stream-all "$W/r1.gguf" 2GiB --stream-all
 }
 
+
+# Session 3 (issue 7, VLMOpt): a Qwen2.5-VL-7B-shape model and mmproj,
+# images at 480p..1440p, pipeshard at 4/8/14 GiB against upstream's
+# placements of the same library (LM all on the GPU or none of it, mmproj on
+# the GPU or on the CPU). Call v1, then v2 within the warm window.
+mkimages() {
+    python3 - "$W" <<'PY'
+import sys, zlib, struct, numpy as np
+out = sys.argv[1]
+for name, (w, h) in {"480p": (854, 480), "720p": (1280, 720), "1080p": (1920, 1080), "1440p": (2560, 1440)}.items():
+    y, x = np.mgrid[0:h, 0:w]
+    rng = np.random.default_rng(0)
+    img = np.stack([(x * 255 // w), (y * 255 // h), ((x + y) % 256)], axis=-1).astype(np.uint8)
+    img = (img.astype(np.int16) + rng.integers(-20, 20, img.shape)).clip(0, 255).astype(np.uint8)
+    raw = b"".join(b"\x00" + img[r].tobytes() for r in range(h))
+    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) \
+        + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
+    open(f"{out}/{name}.png", "wb").write(png)
+PY
+    ls -la "$W"/*.png
+}
+
+vrun() { # NAME RES EXTRA...: one `pipeshard run` with an image, JSON timings and peak device memory
+    local name=$1 res=$2; shift 2
+    timeout 150 $P run -m "$W/vl.gguf" --mmproj "$W/vl-mmproj.gguf" --image "$W/$res.png" \
+        -p "Describe this image in detail." -n 64 -c 8192 -t 16 --flash-attn on --json "$@" \
+        > "$RES/vlm-$name.out" 2> "$RES/vlm-$name.err" || echo "vlm $name failed: $?" >> "$RES/vlm-$name.err"
+    echo "$name: $(grep -E '^vision encoder|^plan:|failed|^Error|^error' "$RES/vlm-$name.err" | tr '\n' ' ')"
+    tail -1 "$RES/vlm-$name.err" | python3 -c 'import sys,json
+try:
+    j=json.loads(sys.stdin.read()); s=j["stats"]
+    print("   encode %.0f ms  ttft %.0f ms  decode %.1f tok/s  prompt %d tok  peak %.2f GiB" % (j["image_encode_ms"], s["ttft_ms"], s["decode_tokens_per_s"], s["prompt_tokens"], (j["peak_device_bytes"] or 0)/2**30))
+except Exception as e: print("   (no json)", e)'
+}
+
+vres() { # RES: every configuration for one resolution
+    local r=$1
+    for b in 4 8 14; do vrun "$r-pipeshard-${b}g" "$r" --vram-budget "${b}GiB" --profile "$RES/profile.yaml"; done
+    vrun "$r-up-gpu-mmgpu" "$r" -ngl 99
+    vrun "$r-up-gpu-mmcpu" "$r" -ngl 99 --no-mmproj-offload
+    vrun "$r-up-cpu-mmgpu" "$r" -ngl 0
+    vrun "$r-up-cpu-mmcpu" "$r" -ngl 0 --no-mmproj-offload
+}
+
+v1() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
+    [[ -f dist/lib/libggml-cuda.so ]] || ( time bash dist/build-cuda.sh dist 90 --native-cpu ) > "$RES/build-cuda.log" 2>&1 \
+        || { tail -30 "$RES/build-cuda.log"; exit 1; }
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        cp profiles/intel-r-xeon-r-processor__nvidia-h200__t16.yaml "$RES/profile.yaml"
+    else
+        $P profile --mode fast -t 16 -o "$RES/profile.yaml"
+    fi
+    [[ -f $W/vl.gguf ]] || $P synth --arch qwen2.5-vl-7b --quant q4_0 -o "$W/vl.gguf" --mmproj-out "$W/vl-mmproj.gguf"
+    ls -la "$W"/vl*.gguf
+    mkimages
+    for r in 480p 1080p 1440p; do
+        timeout 90 $P lossless -m "$W/vl.gguf" --mmproj "$W/vl-mmproj.gguf" --image "$W/$r.png" -t 16 \
+            > "$RES/vlm-lossless-$r.json" 2> "$RES/vlm-lossless-$r.log" || echo "lossless $r failed"
+        tail -1 "$RES/vlm-lossless-$r.log"
+    done
+    vres 480p
+}
+
+v2() { vres 720p; vres 1080p; vres 1440p; }
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results

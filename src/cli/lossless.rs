@@ -41,6 +41,88 @@ pub struct LosslessArgs {
     /// Exit with status 1 unless every generated token matches.
     #[arg(long = "require-identical")]
     pub require_identical: bool,
+    /// Vision projector: with --image, compare the image embeddings of the
+    /// encoder with its weights streamed from the host against the encoder
+    /// entirely on the GPU, instead of generating text.
+    #[arg(long = "mmproj", requires = "image")]
+    pub mmproj: Option<PathBuf>,
+    /// The image for --mmproj.
+    #[arg(long = "image", requires = "mmproj")]
+    pub image: Option<PathBuf>,
+}
+
+impl LosslessArgs {
+    fn stream_slots(&self) -> u32 {
+        self.budget.stream_slots.max(1)
+    }
+}
+
+/// Image embeddings of the encoder with its weights streamed from the host
+/// (pipeshard's budgeted vision) against the encoder entirely on the GPU
+/// (upstream's default), for the same image at the same resolution.
+fn compare_image_embeddings(
+    model_path: &std::path::Path,
+    mmproj: &std::path::Path,
+    image: &std::path::Path,
+    threads: i32,
+    stream_slots: u32,
+) -> Result<()> {
+    if !engine::has_gpu() {
+        anyhow::bail!("comparing image embeddings needs a GPU: both encoders would run on the CPU");
+    }
+    let vocab = engine::Model::load(
+        model_path,
+        ModelParams {
+            vocab_only: true,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("loading the vocabulary of {}", model_path.display()))?;
+    let embed = |opts: engine::VisionOptions| -> Result<(Vec<f32>, f64)> {
+        let proj = engine::VisionProjector::load(&vocab, mmproj, opts)
+            .with_context(|| format!("loading {}", mmproj.display()))?;
+        let bmp = engine::Bitmap::from_file(&proj, image)?;
+        let t = std::time::Instant::now();
+        let e = proj.image_embeddings(&bmp)?;
+        Ok((e, t.elapsed().as_secs_f64() * 1e3))
+    };
+    let (reference, ref_ms) = embed(engine::VisionOptions::upstream(true, threads))?;
+    let (streamed, streamed_ms) = embed(engine::VisionOptions::budgeted(threads, stream_slots))?;
+    if reference.len() != streamed.len() || reference.is_empty() {
+        anyhow::bail!(
+            "the encoders made {} and {} values for the same image",
+            reference.len(),
+            streamed.len()
+        );
+    }
+    let max_diff = reference
+        .iter()
+        .zip(&streamed)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    let max_ref = reference.iter().map(|a| a.abs()).fold(0f32, f32::max);
+    let finite = streamed.iter().all(|x| x.is_finite());
+    eprintln!(
+        "{} embedding values: max |diff| {max_diff} (max |value| {max_ref}); encode {ref_ms:.1} ms on the GPU, {streamed_ms:.1} ms streamed",
+        reference.len()
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "mmproj": mmproj.display().to_string(),
+            "image": image.display().to_string(),
+            "values": reference.len(),
+            "max_abs_diff": max_diff,
+            "max_abs_value": max_ref,
+            "finite": finite,
+            "encode_ms_gpu": ref_ms,
+            "encode_ms_streamed": streamed_ms,
+        })
+    );
+    if !finite {
+        anyhow::bail!("the streamed encoder produced non-finite values");
+    }
+    Ok(())
 }
 
 pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
@@ -50,6 +132,9 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
     };
     engine::init(global.backend_dir.as_deref()).context("initialising llama.cpp")?;
     let threads = args.threads.unwrap_or_else(engine::default_threads);
+    if let (Some(mmproj), Some(image)) = (&args.mmproj, &args.image) {
+        return compare_image_embeddings(&model_path, mmproj, image, threads, args.stream_slots());
+    }
     let (mut plan, _) = plan_for_model(&args.budget, &model_path, args.ctx_size as u64, threads, 0)?
         .context("lossless compares a plan with the full-GPU placement: give --vram-budget or --plan (and a GPU)")?;
     if args.stream_all {

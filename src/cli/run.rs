@@ -119,6 +119,9 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
     engine::init(global.backend_dir.as_deref()).context("initialising llama.cpp")?;
 
     let threads = args.threads.unwrap_or_else(engine::default_threads);
+    // Device memory used above what was free now, sampled until the end.
+    let sampler = engine::first_device(engine::DeviceKind::Gpu)
+        .map(|d| pipeshard::bench::MemorySampler::start(Some(d.index)));
     let mut model_params = ModelParams {
         n_gpu_layers: args.n_gpu_layers,
         ..Default::default()
@@ -277,10 +280,12 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
     drop(stdout);
 
     let s = &out.stats;
+    let peak_device = sampler.map(|s| s.stop().0);
     if args.json {
         let v = serde_json::json!({
             "model": model_path, "load_ms": load_ms, "stats": s, "image_encode_ms": encode_ms,
             "devices": engine::list_devices(), "memory": ctx.memory_breakdown(),
+            "peak_device_bytes": peak_device,
         });
         eprintln!("{}", serde_json::to_string(&v)?);
     } else if !args.quiet {
@@ -298,6 +303,9 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
             "decode:   {} tokens, {:.1} tok/s ({:?})",
             s.generated_tokens, s.decode_tokens_per_s, s.stop
         );
+        if let Some(peak) = peak_device {
+            eprintln!("device:   peak {} used", pipeshard::plan::fmt_bytes(peak));
+        }
         for m in ctx.memory_breakdown() {
             eprintln!(
                 "memory:   {:<12} model {:>8.1} MiB  context {:>8.1} MiB  compute {:>8.1} MiB",

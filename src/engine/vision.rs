@@ -162,6 +162,41 @@ impl<'m> VisionProjector<'m> {
         Ok(bytes)
     }
 
+    /// The embeddings the encoder makes for `image` (tokens × the language
+    /// model's input width), as the language model would receive them.
+    pub fn image_embeddings(&self, image: &Bitmap) -> Result<Vec<f32>> {
+        let chunks = self.tokenize(&media_marker(), std::slice::from_ref(image), false)?;
+        // SAFETY: valid model.
+        let n_embd = unsafe { ffi::llama_model_n_embd_inp(self.model.as_ptr()) }.max(0) as usize;
+        let mut out = Vec::new();
+        for i in 0..chunks.len() {
+            let chunk = chunks.get(i);
+            // SAFETY: valid chunk of a live list.
+            if unsafe { ffi::mtmd_input_chunk_get_type(chunk) } == ffi::MTMD_INPUT_CHUNK_TYPE_TEXT {
+                continue;
+            }
+            // SAFETY: valid contexts and chunk, used by this thread only.
+            let rc = unsafe { ffi::mtmd_encode_chunk(self.ptr.as_ptr(), chunk) };
+            if self.opts.separate_peaks {
+                self.release_compute();
+            }
+            if rc != 0 {
+                return Err(EngineError::VisionEval(format!("encoding the image failed with code {rc}")));
+            }
+            // SAFETY: the last encode's output holds n_tokens × n_embd floats
+            // until the next encode.
+            unsafe {
+                let n = ffi::mtmd_input_chunk_get_n_tokens(chunk) * n_embd;
+                let p = ffi::mtmd_get_output_embd(self.ptr.as_ptr());
+                if p.is_null() {
+                    return Err(EngineError::VisionEval("the encoder produced no embeddings".into()));
+                }
+                out.extend_from_slice(std::slice::from_raw_parts(p, n));
+            }
+        }
+        Ok(out)
+    }
+
     fn tokenize(&self, text: &str, images: &[Bitmap], add_special: bool) -> Result<Chunks> {
         let c_text = CString::new(text).map_err(|_| EngineError::NulInText)?;
         let input = ffi::mtmd_input_text {
