@@ -258,15 +258,17 @@ v1() {
     [[ -f $W/vl.gguf ]] || $P synth --arch qwen2.5-vl-7b --quant q4_0 -o "$W/vl.gguf" --mmproj-out "$W/vl-mmproj.gguf"
     ls -la "$W"/vl*.gguf
     mkimages
-    for r in 480p 1080p 1440p; do
-        timeout 90 $P lossless -m "$W/vl.gguf" --mmproj "$W/vl-mmproj.gguf" --image "$W/$r.png" -t 16 \
-            > "$RES/vlm-lossless-$r.json" 2> "$RES/vlm-lossless-$r.log" || echo "lossless $r failed"
-        tail -1 "$RES/vlm-lossless-$r.log"
-    done
-    vres 480p
+    vlossless 1080p
+    vres 1080p
 }
 
-v2() { vres 720p; vres 1080p; vres 1440p; }
+vlossless() { # RES: image embeddings, streamed encoder vs full GPU
+    timeout 90 $P lossless -m "$W/vl.gguf" --mmproj "$W/vl-mmproj.gguf" --image "$W/$1.png" -t 16 \
+        > "$RES/vlm-lossless-$1.json" 2> "$RES/vlm-lossless-$1.log" || echo "lossless $1 failed"
+    tail -1 "$RES/vlm-lossless-$1.log"
+}
+
+v2() { vlossless 480p; vlossless 1440p; vres 480p; vres 720p; vres 1440p; }
 
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
