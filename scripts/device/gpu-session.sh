@@ -245,7 +245,7 @@ vres() { # RES: every configuration for one resolution
     vrun "$r-up-cpu-mmcpu" "$r" -ngl 0 --no-mmproj-offload
 }
 
-v1() {
+vprep() {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
     lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
     [[ -f dist/lib/libggml-cuda.so ]] || ( time bash dist/build-cuda.sh dist 90 --native-cpu ) > "$RES/build-cuda.log" 2>&1 \
@@ -258,9 +258,9 @@ v1() {
     [[ -f $W/vl.gguf ]] || $P synth --arch qwen2.5-vl-7b --quant q4_0 -o "$W/vl.gguf" --mmproj-out "$W/vl-mmproj.gguf"
     ls -la "$W"/vl*.gguf
     mkimages
-    vlossless 1080p
-    vres 1080p
 }
+
+v1() { vprep; vlossless 1080p; vres 1080p; }
 
 vlossless() { # RES: image embeddings, streamed encoder vs full GPU
     timeout 90 $P lossless -m "$W/vl.gguf" --mmproj "$W/vl-mmproj.gguf" --image "$W/$1.png" -t 16 \
@@ -268,7 +268,13 @@ vlossless() { # RES: image embeddings, streamed encoder vs full GPU
     tail -1 "$RES/vlm-lossless-$1.log"
 }
 
-v2() { vlossless 480p; vlossless 1440p; vres 480p; vres 720p; vres 1440p; }
+v2() { vprep; vlossless 480p; vlossless 1440p; vres 480p; vres 720p; vres 1440p; }
+
+# After v1: the encoder's pools and workspaces measured and budgeted.
+vpipeshard() { # RES
+    for b in 4 8 14; do vrun "$1-pipeshard-${b}g" "$1" --vram-budget "${b}GiB" --profile "$RES/profile.yaml"; done
+}
+v3() { vprep; vlossless 1080p; vpipeshard 1080p; vlossless 480p; vlossless 1440p; vres 480p; vres 720p; vres 1440p; }
 
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results

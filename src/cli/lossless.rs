@@ -70,14 +70,17 @@ fn compare_image_embeddings(
     if !engine::has_gpu() {
         anyhow::bail!("comparing image embeddings needs a GPU: both encoders would run on the CPU");
     }
+    // Memory-mapped and on the CPU: the encoder needs the language model's
+    // vocabulary and input width, not its weights.
     let vocab = engine::Model::load(
         model_path,
         ModelParams {
-            vocab_only: true,
+            n_gpu_layers: 0,
+            use_mmap: true,
             ..Default::default()
         },
     )
-    .with_context(|| format!("loading the vocabulary of {}", model_path.display()))?;
+    .with_context(|| format!("loading {}", model_path.display()))?;
     let embed = |opts: engine::VisionOptions| -> Result<(Vec<f32>, f64)> {
         let proj = engine::VisionProjector::load(&vocab, mmproj, opts)
             .with_context(|| format!("loading {}", mmproj.display()))?;
@@ -135,7 +138,7 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
     if let (Some(mmproj), Some(image)) = (&args.mmproj, &args.image) {
         return compare_image_embeddings(&model_path, mmproj, image, threads, args.stream_slots());
     }
-    let (mut plan, _) = plan_for_model(&args.budget, &model_path, args.ctx_size as u64, threads, 0)?
+    let (mut plan, _) = plan_for_model(&args.budget, &model_path, args.ctx_size as u64, threads, Default::default())?
         .context("lossless compares a plan with the full-GPU placement: give --vram-budget or --plan (and a GPU)")?;
     if args.stream_all {
         plan.stream_everything();

@@ -74,20 +74,20 @@ fn measure_with_bar(mode: ProfileMode, threads: i32) -> Result<MachineProfile> {
 
 /// The plan for `model` from `--plan` or `--vram-budget`, applied; None
 /// when neither is given (upstream placement, as llama.cpp does it).
-/// `vision_peak` is the device memory a vision encoder needs while it runs.
+/// `vision` is the device memory of a vision encoder, if any.
 pub fn plan_for_model(
     args: &BudgetArgs,
     model: &std::path::Path,
     n_ctx: u64,
     threads: i32,
-    vision_peak: u64,
+    vision: plan::runtime::VisionMemory,
 ) -> Result<Option<(plan::Plan, plan::apply::Applied)>> {
     let source = plan::runtime::PlanSource {
         plan_file: args.plan.clone(),
         budget: args.budget_bytes()?,
         profile: args.profile.clone(),
         stream_slots: args.stream_slots,
-        vision_peak,
+        vision,
     };
     let bar = progress::steps_bar(1, "profiling");
     let r = plan::runtime::plan_for_model(&source, model, n_ctx, threads, |done, total| {

@@ -144,23 +144,24 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
     } else {
         engine::VisionOptions::upstream(args.n_gpu_layers != 0 && !args.no_mmproj_offload, threads)
     };
-    let vision_peak = match (&args.mmproj, budgeted && args.budget.plan.is_none()) {
+    let vision = match (&args.mmproj, budgeted && args.budget.plan.is_none()) {
         (Some(mm), true) => {
             let image = match &args.image {
                 Some(img) => engine::PeakImage::File(img.clone()),
                 None => engine::PeakImage::Largest,
             };
-            let peak = engine::encoder_peak_bytes(&model_path, mm, vision_opts, &image)
+            let v = pipeshard::plan::runtime::vision_memory(&model_path, mm, vision_opts, &image)
                 .with_context(|| format!("measuring the vision encoder of {}", mm.display()))?;
             eprintln!(
-                "vision encoder: {} of device memory while it runs",
-                pipeshard::plan::fmt_bytes(peak)
+                "vision encoder: {} of device memory while it runs, {} held after",
+                pipeshard::plan::fmt_bytes(v.peak),
+                pipeshard::plan::fmt_bytes(v.resident)
             );
-            peak
+            v
         }
-        _ => 0,
+        _ => Default::default(),
     };
-    let plan = plan_for_model(&args.budget, &model_path, args.ctx_size as u64, threads, vision_peak)?;
+    let plan = plan_for_model(&args.budget, &model_path, args.ctx_size as u64, threads, vision)?;
     if let Some((plan, applied)) = &plan {
         eprintln!(
             "plan: ubatch {}, {} resident, KV {}/{} layers on GPU, VRAM {} of {}; predicted TTFT {:.3} s and {:.1} tok/s for {}+{} tokens",

@@ -168,6 +168,11 @@ impl<'m> VisionProjector<'m> {
         let chunks = self.tokenize(&media_marker(), std::slice::from_ref(image), false)?;
         // SAFETY: valid model.
         let n_embd = unsafe { ffi::llama_model_n_embd_inp(self.model.as_ptr()) }.max(0) as usize;
+        if n_embd == 0 {
+            return Err(EngineError::VisionEval(
+                "the language model's input width is unknown (a vocabulary-only load?)".into(),
+            ));
+        }
         let mut out = Vec::new();
         for i in 0..chunks.len() {
             let chunk = chunks.get(i);
@@ -175,14 +180,7 @@ impl<'m> VisionProjector<'m> {
             if unsafe { ffi::mtmd_input_chunk_get_type(chunk) } == ffi::MTMD_INPUT_CHUNK_TYPE_TEXT {
                 continue;
             }
-            // SAFETY: valid contexts and chunk, used by this thread only.
-            let rc = unsafe { ffi::mtmd_encode_chunk(self.ptr.as_ptr(), chunk) };
-            if self.opts.separate_peaks {
-                self.release_compute();
-            }
-            if rc != 0 {
-                return Err(EngineError::VisionEval(format!("encoding the image failed with code {rc}")));
-            }
+            self.encode_chunk(chunk)?;
             // SAFETY: the last encode's output holds n_tokens × n_embd floats
             // until the next encode.
             unsafe {
@@ -195,6 +193,33 @@ impl<'m> VisionProjector<'m> {
             }
         }
         Ok(out)
+    }
+
+    /// Encode `image` once, keeping nothing (to measure what it takes).
+    pub fn encode(&self, image: &Bitmap) -> Result<()> {
+        let chunks = self.tokenize(&media_marker(), std::slice::from_ref(image), false)?;
+        for i in 0..chunks.len() {
+            let chunk = chunks.get(i);
+            // SAFETY: valid chunk of a live list.
+            if unsafe { ffi::mtmd_input_chunk_get_type(chunk) } != ffi::MTMD_INPUT_CHUNK_TYPE_TEXT {
+                self.encode_chunk(chunk)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Encode one media chunk; with `separate_peaks`, free the encoder's
+    /// compute memory right after.
+    fn encode_chunk(&self, chunk: *const ffi::mtmd_input_chunk) -> Result<()> {
+        // SAFETY: valid context and chunk, used by this thread only.
+        let rc = unsafe { ffi::mtmd_encode_chunk(self.ptr.as_ptr(), chunk) };
+        if self.opts.separate_peaks {
+            self.release_compute();
+        }
+        if rc != 0 {
+            return Err(EngineError::VisionEval(format!("encoding the image failed with code {rc}")));
+        }
+        Ok(())
     }
 
     fn tokenize(&self, text: &str, images: &[Bitmap], add_special: bool) -> Result<Chunks> {
@@ -329,16 +354,8 @@ impl<'m> VisionProjector<'m> {
         if self.opts.separate_peaks {
             ctx.release_compute();
         }
-        // SAFETY: valid contexts and chunk, used by this thread only.
-        let rc = unsafe { ffi::mtmd_encode_chunk(self.ptr.as_ptr(), chunk) };
-        if self.opts.separate_peaks {
-            self.release_compute();
-        }
-        if rc != 0 {
-            return Err(EngineError::VisionEval(format!(
-                "encoding image chunk {index} failed with code {rc}"
-            )));
-        }
+        self.encode_chunk(chunk)
+            .map_err(|e| EngineError::VisionEval(format!("image chunk {index}: {e}")))?;
         let encode_ms = t.elapsed().as_secs_f64() * 1e3;
         // SAFETY: the embeddings of the last encode live in the mtmd
         // context until the next encode; new_pos is a valid out pointer.
@@ -380,12 +397,23 @@ pub enum PeakImage {
     Largest,
 }
 
-/// Device bytes the vision encoder of `mmproj` needs while it encodes
-/// `image` with `opts` (compute buffers and streaming slots, plus its
-/// weights unless they stay on the host), measured before the language
-/// model is loaded: the projector is loaded against a vocabulary-only load
-/// of `model` and its graph for the image is reserved without allocating.
-pub fn encoder_peak_bytes(model: &Path, mmproj: &Path, opts: VisionOptions, image: &PeakImage) -> Result<u64> {
+/// What the vision encoder needs on the device for one image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncoderPeak {
+    /// Compute buffers and streaming slots, from llama.cpp's no-alloc
+    /// reservation of the encoder's graph for the image.
+    pub reserved: u64,
+    /// Its weights on the device (0 when they stay on the host).
+    pub weights: u64,
+}
+
+/// The vision encoder of `mmproj` with `opts`, for `image`, before the
+/// language model is loaded: the projector is loaded against a
+/// vocabulary-only load of `model` and its graph for the image reserved
+/// without allocating. With `encode`, the image is then also encoded once,
+/// so that a caller sampling device memory sees what the reservation does
+/// not (the backend's pools and library workspaces).
+pub fn encoder_peak(model: &Path, mmproj: &Path, opts: VisionOptions, image: &PeakImage, encode: bool) -> Result<EncoderPeak> {
     let params = super::ModelParams {
         vocab_only: true,
         ..Default::default()
@@ -396,7 +424,10 @@ pub fn encoder_peak_bytes(model: &Path, mmproj: &Path, opts: VisionOptions, imag
         PeakImage::File(path) => Bitmap::from_file(&proj, path)?,
         PeakImage::Largest => Bitmap::blank(4096, 4096)?,
     };
-    let compute = proj.encode_device_bytes(&bitmap)?;
+    let reserved = proj.encode_device_bytes(&bitmap)?;
+    if encode {
+        proj.encode(&bitmap)?;
+    }
     let weights = if opts.use_gpu && !opts.weights_on_host {
         crate::gguf::GgufFile::open(mmproj)
             .map(|f| f.tensors().iter().map(|t| t.nbytes).sum::<u64>())
@@ -404,7 +435,7 @@ pub fn encoder_peak_bytes(model: &Path, mmproj: &Path, opts: VisionOptions, imag
     } else {
         0
     };
-    Ok(compute + weights)
+    Ok(EncoderPeak { reserved, weights })
 }
 
 /// An owned `mtmd_input_chunks` list.

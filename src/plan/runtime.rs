@@ -34,6 +34,44 @@ pub enum RuntimeError {
     DryRun(#[from] engine::EngineError),
 }
 
+/// The vision encoder's device memory, as the planner budgets it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VisionMemory {
+    /// Held only while an image is encoded (compute buffers and streaming
+    /// slots, released after each image), plus weights on the device.
+    pub peak: u64,
+    /// Held from the first image on: the encoder backend's own pools and
+    /// library workspaces, which no reservation sees and nothing frees.
+    pub resident: u64,
+}
+
+/// The device memory the vision encoder of `mmproj` needs for `image` with
+/// `opts`, before the language model is loaded: llama.cpp's no-alloc
+/// reservation of the encoder's graph, and the device memory measured while
+/// the image is encoded once; what the measurement finds beyond the
+/// reservation stays allocated afterwards.
+pub fn vision_memory(
+    model: &Path,
+    mmproj: &Path,
+    opts: engine::VisionOptions,
+    image: &engine::PeakImage,
+) -> Result<VisionMemory, RuntimeError> {
+    let gpu = engine::first_device(engine::DeviceKind::Gpu).map(|d| d.index);
+    let sampler = crate::bench::MemorySampler::start(gpu);
+    let peak = engine::encoder_peak(model, mmproj, opts, image, gpu.is_some() && opts.use_gpu)?;
+    let (measured, _) = sampler.stop();
+    let reserved = peak.reserved + peak.weights;
+    tracing::info!(
+        "vision encoder: {} reserved, {} measured while encoding",
+        super::fmt_bytes(reserved),
+        super::fmt_bytes(measured)
+    );
+    Ok(VisionMemory {
+        peak: reserved,
+        resident: measured.saturating_sub(reserved),
+    })
+}
+
 /// Where a plan comes from.
 #[derive(Debug, Clone, Default)]
 pub struct PlanSource {
@@ -45,9 +83,9 @@ pub struct PlanSource {
     pub profile: Option<PathBuf>,
     /// Streaming slots (0: llama.cpp's synchronous copies).
     pub stream_slots: u32,
-    /// Device bytes the vision encoder needs while it runs; the plan
-    /// budgets the larger of this and the language model's compute peak.
-    pub vision_peak: u64,
+    /// The vision encoder's device memory; the plan budgets the larger of
+    /// its peak and the language model's compute peak, not their sum.
+    pub vision: VisionMemory,
 }
 
 /// Read a plan saved by `pipeshard plan --format yaml|json`.
@@ -186,7 +224,8 @@ pub fn plan_for_model(
             gen_tokens: 64,
         };
         req.stream_slots = source.stream_slots;
-        req.vision_peak = source.vision_peak;
+        req.vision_peak = source.vision.peak;
+        req.reserve += source.vision.resident;
         make_measured_plan(model, &info, &profile, req)?
     } else {
         return Ok(None);

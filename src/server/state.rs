@@ -110,18 +110,19 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
     } else {
         engine::VisionOptions::upstream(config.mmproj_offload && config.n_gpu_layers != 0, threads)
     };
-    let vision_peak = match (&config.mmproj, budgeted && config.plan.is_none()) {
+    let vision = match (&config.mmproj, budgeted && config.plan.is_none()) {
         (Some(mm), true) => {
-            engine::encoder_peak_bytes(&path, mm, vision_opts, &engine::PeakImage::Largest).map_err(|e| err(&e))?
+            crate::plan::runtime::vision_memory(&path, mm, vision_opts, &engine::PeakImage::Largest)
+                .map_err(|e| err(&e))?
         }
-        _ => 0,
+        _ => Default::default(),
     };
     let source = crate::plan::runtime::PlanSource {
         plan_file: config.plan.clone(),
         budget: config.vram_budget,
         profile: config.profile.clone(),
         stream_slots: config.stream_slots,
-        vision_peak,
+        vision,
     };
     let planned = crate::plan::runtime::plan_for_model(&source, &path, config.n_ctx as u64, threads, |_, _| {})
         .map_err(|e| err(&e))?;
