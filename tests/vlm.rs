@@ -305,7 +305,7 @@ fn greedy_with(opts: pipeshard::engine::VisionOptions) -> (Vec<i32>, u64, u64) {
 fn separate_peaks_are_lossless_and_release_compute() {
     use pipeshard::engine::{self, Context, VisionOptions};
     let (upstream, before_up, after_up) = greedy_with(VisionOptions::upstream(false, 2));
-    let (apart, before_apart, after_apart) = greedy_with(VisionOptions::budgeted(2, 2));
+    let (apart, before_apart, after_apart) = greedy_with(VisionOptions::budgeted(2));
     assert_eq!(upstream.len(), 12);
     assert_eq!(upstream, apart, "the same greedy tokens");
     assert!(before_up > 0 && after_up > 0 && before_apart > 0 && after_apart > 0);
@@ -327,7 +327,7 @@ fn separate_peaks_are_lossless_and_release_compute() {
     let peak = engine::encoder_peak(
         model_path,
         mmproj,
-        VisionOptions::budgeted(2, 2),
+        VisionOptions::budgeted(2),
         &engine::PeakImage::File(png.clone()),
         true,
     )

@@ -262,10 +262,21 @@ vprep() {
 
 v1() { vprep; vlossless 1080p; vres 1080p; }
 
-vlossless() { # RES: image embeddings, streamed encoder vs full GPU
-    timeout 90 $P lossless -m "$W/vl.gguf" --mmproj "$W/vl-mmproj.gguf" --image "$W/$1.png" -t 16 \
-        > "$RES/vlm-lossless-$1.json" 2> "$RES/vlm-lossless-$1.log" || echo "lossless $1 failed"
-    tail -1 "$RES/vlm-lossless-$1.log"
+vlossless() { # RES [EXTRA...]: image embeddings, encoder weights on the host vs full GPU
+    local r=$1; shift
+    timeout 90 $P lossless -m "$W/vl.gguf" --mmproj "$W/vl-mmproj.gguf" --image "$W/$r.png" -t 16 "$@" \
+        > "$RES/vlm-lossless-$r$*.json" 2> "$RES/vlm-lossless-$r$*.log" || echo "lossless $r $* failed"
+    echo "$r $*: $(tail -1 "$RES/vlm-lossless-$r$*.log")"
+}
+
+# Why the streamed encoder's embeddings differ: synchronous copies vs 1 and 4 slots.
+v4() { vprep; vlossless 480p --vision-stream-slots 0; vlossless 480p --vision-stream-slots 1; vlossless 480p --vision-stream-slots 4; }
+
+# With synchronous copies for the encoder (lossless): pipeshard again.
+v5() {
+    vprep; vlossless 1080p; vlossless 1440p
+    for r in 480p 720p 1080p 1440p; do vrun "$r-pipeshard-4g" "$r" --vram-budget 4GiB --profile "$RES/profile.yaml"; done
+    vrun 1080p-pipeshard-8g 1080p --vram-budget 8GiB --profile "$RES/profile.yaml"
 }
 
 v2() { vprep; vlossless 480p; vlossless 1440p; vres 480p; vres 720p; vres 1440p; }

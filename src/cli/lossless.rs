@@ -49,12 +49,10 @@ pub struct LosslessArgs {
     /// The image for --mmproj.
     #[arg(long = "image", requires = "mmproj")]
     pub image: Option<PathBuf>,
-}
-
-impl LosslessArgs {
-    fn stream_slots(&self) -> u32 {
-        self.budget.stream_slots.max(1)
-    }
+    /// Device slots for the encoder's weights (0: llama.cpp's synchronous
+    /// copy per op, what `run` and `serve` use).
+    #[arg(long = "vision-stream-slots", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=8))]
+    pub vision_stream_slots: u32,
 }
 
 /// Image embeddings of the encoder with its weights streamed from the host
@@ -90,7 +88,10 @@ fn compare_image_embeddings(
         Ok((e, t.elapsed().as_secs_f64() * 1e3))
     };
     let (reference, ref_ms) = embed(engine::VisionOptions::upstream(true, threads))?;
-    let (streamed, streamed_ms) = embed(engine::VisionOptions::budgeted(threads, stream_slots))?;
+    let (streamed, streamed_ms) = embed(engine::VisionOptions {
+        stream_slots,
+        ..engine::VisionOptions::budgeted(threads)
+    })?;
     if reference.len() != streamed.len() || reference.is_empty() {
         anyhow::bail!(
             "the encoders made {} and {} values for the same image",
@@ -136,10 +137,16 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
     engine::init(global.backend_dir.as_deref()).context("initialising llama.cpp")?;
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     if let (Some(mmproj), Some(image)) = (&args.mmproj, &args.image) {
-        return compare_image_embeddings(&model_path, mmproj, image, threads, args.stream_slots());
+        return compare_image_embeddings(&model_path, mmproj, image, threads, args.vision_stream_slots);
     }
-    let (mut plan, _) = plan_for_model(&args.budget, &model_path, args.ctx_size as u64, threads, Default::default())?
-        .context("lossless compares a plan with the full-GPU placement: give --vram-budget or --plan (and a GPU)")?;
+    let (mut plan, _) = plan_for_model(
+        &args.budget,
+        &model_path,
+        args.ctx_size as u64,
+        threads,
+        Default::default(),
+    )?
+    .context("lossless compares a plan with the full-GPU placement: give --vram-budget or --plan (and a GPU)")?;
     if args.stream_all {
         plan.stream_everything();
     }

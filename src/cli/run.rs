@@ -120,8 +120,8 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
 
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     // Device memory used above what was free now, sampled until the end.
-    let sampler = engine::first_device(engine::DeviceKind::Gpu)
-        .map(|d| pipeshard::bench::MemorySampler::start(Some(d.index)));
+    let sampler =
+        engine::first_device(engine::DeviceKind::Gpu).map(|d| pipeshard::bench::MemorySampler::start(Some(d.index)));
     let mut model_params = ModelParams {
         n_gpu_layers: args.n_gpu_layers,
         ..Default::default()
@@ -140,7 +140,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
     // added to it; without one it runs as upstream's does.
     let budgeted = args.budget.is_set() && engine::has_gpu() && !args.no_mmproj_offload;
     let vision_opts = if budgeted {
-        engine::VisionOptions::budgeted(threads, args.budget.stream_slots.max(1))
+        engine::VisionOptions::budgeted(threads)
     } else {
         engine::VisionOptions::upstream(args.n_gpu_layers != 0 && !args.no_mmproj_offload, threads)
     };

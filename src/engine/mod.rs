@@ -30,4 +30,6 @@ pub use memory::{buffer_types, device_buffer_types, dry_run_device_bytes, Buffer
 pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
 pub use placement::{stream_schedule, Offload, OffloadPolicy, OffloadQuery, OpKind, StreamStep, TensorPlacement};
 pub use sampler::{Sampler, SamplingParams};
-pub use vision::{encoder_peak, media_marker, Bitmap, EncoderPeak, PeakImage, VisionEval, VisionOptions, VisionProjector};
+pub use vision::{
+    encoder_peak, media_marker, Bitmap, EncoderPeak, PeakImage, VisionEval, VisionOptions, VisionProjector,
+};

@@ -49,13 +49,20 @@ impl VisionOptions {
         }
     }
 
-    /// pipeshard's: encoder weights on the host, streamed, and the encoder's
-    /// and the language model's compute peaks kept apart.
-    pub fn budgeted(threads: i32, stream_slots: u32) -> Self {
+    /// pipeshard's: encoder weights in pinned host memory, copied to the GPU
+    /// for each op that uses them, and the encoder's and the language
+    /// model's compute peaks kept apart.
+    ///
+    /// The copies are llama.cpp's synchronous ones (no slots): with patch
+    /// 0003's overlapped slots the encoder's embeddings came out wrong on
+    /// the H200 (max |diff| equal to the largest value, with 1 and 4 slots),
+    /// while synchronous copies match the full-GPU encoder exactly. Until
+    /// that is found, `stream_slots` stays 0 here.
+    pub fn budgeted(threads: i32) -> Self {
         VisionOptions {
             use_gpu: true,
             weights_on_host: true,
-            stream_slots,
+            stream_slots: 0,
             separate_peaks: true,
             threads,
         }
@@ -217,7 +224,9 @@ impl<'m> VisionProjector<'m> {
             self.release_compute();
         }
         if rc != 0 {
-            return Err(EngineError::VisionEval(format!("encoding the image failed with code {rc}")));
+            return Err(EngineError::VisionEval(format!(
+                "encoding the image failed with code {rc}"
+            )));
         }
         Ok(())
     }
@@ -413,7 +422,13 @@ pub struct EncoderPeak {
 /// without allocating. With `encode`, the image is then also encoded once,
 /// so that a caller sampling device memory sees what the reservation does
 /// not (the backend's pools and library workspaces).
-pub fn encoder_peak(model: &Path, mmproj: &Path, opts: VisionOptions, image: &PeakImage, encode: bool) -> Result<EncoderPeak> {
+pub fn encoder_peak(
+    model: &Path,
+    mmproj: &Path,
+    opts: VisionOptions,
+    image: &PeakImage,
+    encode: bool,
+) -> Result<EncoderPeak> {
     let params = super::ModelParams {
         vocab_only: true,
         ..Default::default()

@@ -106,15 +106,13 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         && config.mmproj_offload
         && config.n_gpu_layers != 0;
     let vision_opts = if budgeted {
-        engine::VisionOptions::budgeted(threads, config.stream_slots.max(1))
+        engine::VisionOptions::budgeted(threads)
     } else {
         engine::VisionOptions::upstream(config.mmproj_offload && config.n_gpu_layers != 0, threads)
     };
     let vision = match (&config.mmproj, budgeted && config.plan.is_none()) {
-        (Some(mm), true) => {
-            crate::plan::runtime::vision_memory(&path, mm, vision_opts, &engine::PeakImage::Largest)
-                .map_err(|e| err(&e))?
-        }
+        (Some(mm), true) => crate::plan::runtime::vision_memory(&path, mm, vision_opts, &engine::PeakImage::Largest)
+            .map_err(|e| err(&e))?,
         _ => Default::default(),
     };
     let source = crate::plan::runtime::PlanSource {
