@@ -3,6 +3,8 @@
 //! predicts slower, plans are deterministic, and impossible budgets are
 //! refused with the minimum that would work.
 
+mod common;
+
 use std::path::Path;
 
 use pipeshard::gguf::ModelInfo;
@@ -180,6 +182,16 @@ fn tiers_choose_streaming_for_prefill_and_cpu_for_decode_when_tight() {
     assert_eq!(p.tier_for(1), 1);
     assert_eq!(p.tier_for(7), p.ubatch);
     assert_eq!(p.tier_for(100_000), p.ubatch);
+
+    // What the server's metrics count: decode streams nothing here, a full
+    // ubatch streams every host weight once, and a batch is cut into
+    // ubatches as llama.cpp cuts it.
+    let host_bytes: u64 = p.tensors.iter().filter(|t| !t.resident).map(|t| t.bytes).sum();
+    assert_eq!(p.batch_streaming(1), (1, 0));
+    let (tier, one) = p.batch_streaming(p.ubatch);
+    assert_eq!(tier, p.ubatch);
+    assert!(one > 0 && one <= host_bytes, "{one} of {host_bytes}");
+    assert_eq!(p.batch_streaming(3 * p.ubatch + 1), (1, 3 * one));
 }
 
 #[test]
@@ -265,4 +277,35 @@ fn vision_peak_counts_as_the_larger_of_the_two_not_the_sum() {
         Err(PlanError::BudgetTooSmall { minimum, .. }) => assert!(minimum > budget + GIB),
         other => panic!("expected a refusal, got {other:?}"),
     }
+}
+
+/// The server's side contexts (vision worker, embedder) are budgeted: their
+/// KV caches join the main one's, and each adds its own compute peak.
+#[test]
+fn side_contexts_count_their_kv_and_compute() {
+    use pipeshard::plan::runtime::{budget_plan, PlanSource};
+    let dir = common::scratch_dir("plan-side-contexts");
+    let model = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", Quant::Q4_0);
+    let (_, info) = pipeshard::gguf::inspect(&model).unwrap();
+    let profile = fixture();
+    let mut source = PlanSource {
+        stream_slots: plan::DEFAULT_STREAM_SLOTS,
+        ..Default::default()
+    };
+    let base = budget_plan(&source, GIB, &model, &info, &profile, 2048).unwrap();
+    source.side_contexts = vec![512, 512];
+    let side = budget_plan(&source, GIB, &model, &info, &profile, 2048).unwrap();
+    assert!(side.vram.total <= GIB);
+    assert_eq!(
+        side.vram.reserve,
+        base.vram.reserve + 2 * side.vram.language_peak(),
+        "two more compute peaks"
+    );
+    let per_token = base.vram.kv_cache as f64 / 2048.0;
+    let expected = per_token * (2048 + 1024) as f64;
+    assert!(
+        (side.vram.kv_cache as f64 - expected).abs() <= per_token,
+        "KV for 2048 + 2 x 512 tokens: {} vs {expected}",
+        side.vram.kv_cache
+    );
 }

@@ -241,7 +241,6 @@ fn native_endpoints() {
         "pipeshard_vram_used_bytes",
         "pipeshard_plan_tier",
         "pipeshard_bytes_streamed_total",
-        "pipeshard_copy_overlap_ratio",
     ] {
         assert!(
             metrics.contains(&format!("\n{name} ")) || metrics.starts_with(&format!("{name} ")),

@@ -88,6 +88,7 @@ pub fn plan_for_model(
         profile: args.profile.clone(),
         stream_slots: args.stream_slots,
         vision,
+        side_contexts: Vec::new(),
     };
     let bar = progress::steps_bar(1, "profiling");
     let r = plan::runtime::plan_for_model(&source, model, n_ctx, threads, |done, total| {

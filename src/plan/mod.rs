@@ -234,6 +234,31 @@ impl Plan {
     pub fn resident_bytes(&self) -> u64 {
         self.tensors.iter().filter(|t| t.resident).map(|t| t.vram_bytes).sum()
     }
+
+    /// Weight bytes copied to the GPU for one ubatch of `tier`: every host
+    /// weight whose op streams at that tier, once.
+    pub fn streamed_bytes(&self, tier: u32) -> u64 {
+        self.tensors
+            .iter()
+            .filter(|t| t.exec.iter().any(|&(n, e)| n == tier && e == Exec::Stream))
+            .map(|t| t.bytes)
+            .sum()
+    }
+
+    /// What a batch of `n_tokens` does under this plan: llama.cpp splits it
+    /// into ubatches of [`Plan::ubatch`] tokens; returns the tier of the
+    /// last one and the weight bytes all of them stream.
+    pub fn batch_streaming(&self, n_tokens: u32) -> (u32, u64) {
+        let ubatch = self.ubatch.max(1);
+        let (mut left, mut bytes, mut tier) = (n_tokens, 0, 0);
+        while left > 0 {
+            let m = left.min(ubatch);
+            tier = self.tier_for(m as u64);
+            bytes += self.streamed_bytes(tier);
+            left -= m;
+        }
+        (tier, bytes)
+    }
 }
 
 /// Human-readable bytes (GiB/MiB).

@@ -86,6 +86,10 @@ pub struct PlanSource {
     /// The vision encoder's device memory; the plan budgets the larger of
     /// its peak and the language model's compute peak, not their sum.
     pub vision: VisionMemory,
+    /// Contexts beside the main one that share the model (the server's
+    /// vision worker and embedder), by their length in tokens: each holds
+    /// its own KV cache and compute buffers, and all count in the budget.
+    pub side_contexts: Vec<u64>,
 }
 
 /// Read a plan saved by `pipeshard plan --format yaml|json`.
@@ -194,6 +198,36 @@ pub fn make_measured_plan(
     Ok(plan)
 }
 
+/// The plan for `budget` with what `source` adds to it (a vision encoder,
+/// side contexts), `n_ctx` tokens in the main context, checked with
+/// [`make_measured_plan`]; not applied.
+pub fn budget_plan(
+    source: &PlanSource,
+    budget: u64,
+    model: &Path,
+    info: &crate::gguf::ModelInfo,
+    profile: &MachineProfile,
+    n_ctx: u64,
+) -> Result<Plan, RuntimeError> {
+    // The KV caches of every context, in one.
+    let mut req = PlanRequest::new(budget, n_ctx + source.side_contexts.iter().sum::<u64>());
+    req.workload = Workload {
+        prompt_tokens: 4096.min(n_ctx / 2).max(1),
+        gen_tokens: 64,
+    };
+    req.stream_slots = source.stream_slots;
+    req.vision_peak = source.vision.peak;
+    req.reserve += source.vision.resident;
+    let plan = make_measured_plan(model, info, profile, req.clone())?;
+    if source.side_contexts.is_empty() {
+        return Ok(plan);
+    }
+    // Each side context holds compute buffers and streaming slots like the
+    // main one's, beside them.
+    req.reserve += plan.vram.language_peak() * source.side_contexts.len() as u64;
+    make_measured_plan(model, info, profile, req)
+}
+
 /// The plan for `model` with `n_ctx` tokens of context, applied; None when
 /// the source names neither a plan nor a budget (upstream placement).
 pub fn plan_for_model(
@@ -218,15 +252,7 @@ pub fn plan_for_model(
             source: Box::new(source),
         })?;
         let profile = machine_profile(source.profile.as_deref(), threads, progress)?;
-        let mut req = PlanRequest::new(budget, n_ctx);
-        req.workload = Workload {
-            prompt_tokens: 4096.min(n_ctx / 2).max(1),
-            gen_tokens: 64,
-        };
-        req.stream_slots = source.stream_slots;
-        req.vision_peak = source.vision.peak;
-        req.reserve += source.vision.resident;
-        make_measured_plan(model, &info, &profile, req)?
+        budget_plan(source, budget, model, &info, &profile, n_ctx)?
     } else {
         return Ok(None);
     };

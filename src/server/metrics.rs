@@ -20,12 +20,10 @@ pub struct Metrics {
     pub vram_budget_bytes: AtomicU64,
     /// pipeshard: bytes in non-host buffers (weights, KV, compute).
     pub vram_used_bytes: AtomicU64,
-    /// pipeshard: active plan tier (0 until the planner lands).
+    /// pipeshard: the plan tier of the last ubatch (0 without a plan).
     pub plan_tier: AtomicU64,
-    /// pipeshard: weight bytes streamed host→device.
+    /// pipeshard: weight bytes streamed host→device, as the plan streams them.
     pub bytes_streamed_total: AtomicU64,
-    /// pipeshard: copy/compute overlap as parts per million.
-    pub copy_overlap_ppm: AtomicU64,
 }
 
 impl Metrics {
@@ -37,13 +35,22 @@ impl Metrics {
         self.predicted_us_total.fetch_add((predicted_ms * 1e3) as u64, Relaxed);
     }
 
+    /// Record a decoded batch of `n_tokens` under `plan`.
+    pub fn record_batch(&self, plan: Option<&crate::plan::Plan>, n_tokens: usize) {
+        if let Some(plan) = plan {
+            let (tier, bytes) = plan.batch_streaming(n_tokens.min(u32::MAX as usize) as u32);
+            self.plan_tier.store(tier as u64, Relaxed);
+            self.bytes_streamed_total.fetch_add(bytes, Relaxed);
+        }
+    }
+
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
         let g = |a: &AtomicU64| a.load(Relaxed);
         let prompt_s = g(&self.prompt_us_total) as f64 / 1e6;
         let pred_s = g(&self.predicted_us_total) as f64 / 1e6;
         let n_decode = g(&self.n_decode_total);
-        let rows: [(&str, &str, &str, f64); 16] = [
+        let rows: [(&str, &str, &str, f64); 15] = [
             (
                 "llamacpp:prompt_tokens_total",
                 "counter",
@@ -137,20 +144,14 @@ impl Metrics {
             (
                 "pipeshard_plan_tier",
                 "gauge",
-                "Active placement plan tier.",
+                "Plan tier (ubatch tokens) of the last ubatch; 0 without a plan.",
                 g(&self.plan_tier) as f64,
             ),
             (
                 "pipeshard_bytes_streamed_total",
                 "counter",
-                "Weight bytes streamed to the device.",
+                "Weight bytes streamed to the device, as the plan streams them per ubatch.",
                 g(&self.bytes_streamed_total) as f64,
-            ),
-            (
-                "pipeshard_copy_overlap_ratio",
-                "gauge",
-                "Fraction of weight copies overlapped with compute.",
-                g(&self.copy_overlap_ppm) as f64 / 1e6,
             ),
         ];
         let mut out = String::new();

@@ -60,9 +60,11 @@ impl SchedulerHandle {
 }
 
 /// Start the worker: it creates the context and reports how that went.
+/// `plan` (when the context applies one) feeds the streaming metrics.
 pub fn spawn(
     model: Arc<Model>,
     params: ContextParams,
+    plan: Option<Arc<crate::plan::Plan>>,
     metrics: Arc<Metrics>,
 ) -> Result<(SchedulerHandle, Vec<crate::engine::MemoryBreakdown>), EngineError> {
     let (tx, rx) = std::sync::mpsc::channel::<Submission>();
@@ -82,7 +84,9 @@ pub fn spawn(
             };
             let n_ctx = ctx.n_ctx();
             let _ = ready_tx.send(Ok((n_ctx, ctx.memory_breakdown())));
-            Worker::new(&model, ctx, n_parallel as usize, metrics, slots_w).run(rx);
+            let mut worker = Worker::new(&model, ctx, n_parallel as usize, metrics, slots_w);
+            worker.plan = plan;
+            worker.run(rx);
         })
         .map_err(|e| EngineError::InvalidArgument(format!("cannot start the worker thread: {e}")))?;
     let (n_ctx, mem) = ready_rx
@@ -139,6 +143,7 @@ struct Worker<'m> {
     view: Arc<Mutex<Vec<SlotView>>>,
     tick: u64,
     next_task: i64,
+    plan: Option<Arc<crate::plan::Plan>>,
 }
 
 fn common_prefix(a: &[Token], b: &[Token]) -> usize {
@@ -219,6 +224,7 @@ impl<'m> Worker<'m> {
             view,
             tick: 0,
             next_task: 0,
+            plan: None,
         };
         w.publish();
         w
@@ -421,6 +427,7 @@ impl<'m> Worker<'m> {
         }
         let max_pos = self.slots.iter().map(|s| s.cache.len()).max().unwrap_or(0) as u64;
         self.metrics.n_tokens_max.fetch_max(max_pos, Relaxed);
+        self.metrics.record_batch(self.plan.as_deref(), items.len());
         for i in in_batch {
             let Some(idx) = self.slots[i].job.as_ref().and_then(|j| j.batch_idx) else {
                 continue;

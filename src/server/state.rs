@@ -121,6 +121,13 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         profile: config.profile.clone(),
         stream_slots: config.stream_slots,
         vision,
+        // The vision worker and the embedder each have a context of one
+        // slot's length beside the slots' own.
+        side_contexts: [config.mmproj.is_some(), config.embeddings]
+            .into_iter()
+            .filter(|&on| on)
+            .map(|_| (config.n_ctx as u64 / config.n_parallel.max(1) as u64).max(64))
+            .collect(),
     };
     let planned = crate::plan::runtime::plan_for_model(&source, &path, config.n_ctx as u64, threads, |_, _| {})
         .map_err(|e| err(&e))?;
@@ -165,7 +172,9 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
     if let Some((_, applied)) = &planned {
         applied.configure_context(&mut cparams);
     }
-    let (scheduler, mem) = scheduler::spawn(model.clone(), cparams.clone(), metrics.clone()).map_err(|e| err(&e))?;
+    let plan = planned.as_ref().map(|(p, _)| Arc::new(p.clone()));
+    let (scheduler, mem) =
+        scheduler::spawn(model.clone(), cparams.clone(), plan, metrics.clone()).map_err(|e| err(&e))?;
     let vram: u64 = mem.iter().filter(|m| !m.is_host).map(|m| m.total()).sum();
     let embedder = if config.embeddings {
         let n = scheduler.n_ctx_slot.max(64);
