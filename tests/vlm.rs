@@ -281,7 +281,7 @@ fn greedy_with(opts: pipeshard::engine::VisionOptions) -> (Vec<i32>, u64, u64) {
     let image = Bitmap::from_file(&proj, png).unwrap();
     let text = format!("{}\nWhat is this?", engine::media_marker());
     let ev = proj
-        .eval_prompt(&mut ctx, &text, std::slice::from_ref(&image), 0, true)
+        .eval_prompt(&mut ctx, &text, std::slice::from_ref(&image), 0, true, None)
         .unwrap();
     let after = compute_bytes(&ctx);
     let prompt = EvaluatedPrompt {
@@ -337,4 +337,40 @@ fn separate_peaks_are_lossless_and_release_compute() {
     } else {
         assert_eq!(peak.reserved + peak.weights, 0, "no device, no device memory");
     }
+}
+
+/// The text slots lend the device to the vision worker while it encodes
+/// (they free their compute memory and pause): text and image requests at
+/// the same time all finish, and the text answer is the one it gives alone.
+#[test]
+fn text_and_image_requests_share_the_device() {
+    let (_, mmproj, _, _) = fixtures();
+    let s = serve(&[mmproj]);
+    let complete = |base: &str| -> String {
+        let body = json!({"prompt": "The sea is", "max_tokens": 48, "temperature": 0});
+        let r = ureq::post(&format!("{base}/v1/completions"))
+            .timeout(Duration::from_secs(120))
+            .set("Content-Type", "application/json")
+            .send_string(&body.to_string())
+            .expect("text completion");
+        let v: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+        v["choices"][0]["text"].as_str().expect("text").to_string()
+    };
+    let alone = complete(&s.base);
+    std::thread::scope(|scope| {
+        let images: Vec<_> = (0..3).map(|_| scope.spawn(|| chat_with_image(&s))).collect();
+        let text = scope.spawn(|| complete(&s.base));
+        for h in images {
+            let (code, v) = h.join().unwrap();
+            assert_eq!(code, 200, "{v}");
+        }
+        assert_eq!(
+            text.join().unwrap(),
+            alone,
+            "the same greedy text while images are encoded"
+        );
+    });
+    // And an idle text worker lends the device too.
+    let (code, v) = chat_with_image(&s);
+    assert_eq!(code, 200, "{v}");
 }

@@ -255,7 +255,14 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
             ctx.clear();
             let started = Instant::now();
             let ev = v
-                .eval_prompt(&mut ctx, &prompt_text, std::slice::from_ref(img), 0, model.add_bos())
+                .eval_prompt(
+                    &mut ctx,
+                    &prompt_text,
+                    std::slice::from_ref(img),
+                    0,
+                    model.add_bos(),
+                    None,
+                )
                 .context("evaluating the prompt with the image")?;
             encode_ms = Some(ev.encode_ms);
             let prompt = EvaluatedPrompt {

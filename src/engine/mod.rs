@@ -31,5 +31,5 @@ pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
 pub use placement::{stream_schedule, Offload, OffloadPolicy, OffloadQuery, OpKind, StreamStep, TensorPlacement};
 pub use sampler::{Sampler, SamplingParams};
 pub use vision::{
-    encoder_peak, media_marker, Bitmap, EncoderPeak, PeakImage, VisionEval, VisionOptions, VisionProjector,
+    encoder_peak, media_marker, Bitmap, EncodeGate, EncoderPeak, PeakImage, VisionEval, VisionOptions, VisionProjector,
 };

@@ -20,6 +20,16 @@ pub fn media_marker() -> String {
         .into_owned()
 }
 
+/// Something that lends the device around each image encode: the server's
+/// text slots pause and free their compute memory between
+/// [`EncodeGate::begin`] and [`EncodeGate::end`].
+pub trait EncodeGate {
+    /// Returns once the device is free for the encoder.
+    fn begin(&self);
+    /// The encoder is done with the device.
+    fn end(&self);
+}
+
 /// Where and how the vision encoder runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VisionOptions {
@@ -283,6 +293,7 @@ impl<'m> VisionProjector<'m> {
         images: &[Bitmap],
         n_past: i32,
         add_special: bool,
+        gate: Option<&dyn EncodeGate>,
     ) -> Result<VisionEval> {
         let t0 = Instant::now();
         let chunks = self.tokenize(text, images, add_special)?;
@@ -311,7 +322,7 @@ impl<'m> VisionProjector<'m> {
             let is_media = unsafe { ffi::mtmd_input_chunk_get_type(chunk) } != ffi::MTMD_INPUT_CHUNK_TYPE_TEXT;
             let mut new_pos = pos;
             if is_media {
-                encode_ms += self.eval_image(ctx, chunk, pos, n_batch, &mut new_pos, i)?;
+                encode_ms += self.eval_image(ctx, chunk, (pos, n_batch), &mut new_pos, i, gate)?;
                 pos = new_pos;
                 continue;
             }
@@ -354,17 +365,23 @@ impl<'m> VisionProjector<'m> {
         &self,
         ctx: &mut Context<'_>,
         chunk: *const ffi::mtmd_input_chunk,
-        pos: i32,
-        n_batch: i32,
+        (pos, n_batch): (i32, i32),
         new_pos: &mut i32,
         index: usize,
+        gate: Option<&dyn EncodeGate>,
     ) -> Result<f64> {
         let t = Instant::now();
+        if let Some(g) = gate {
+            g.begin();
+        }
         if self.opts.separate_peaks {
             ctx.release_compute();
         }
-        self.encode_chunk(chunk)
-            .map_err(|e| EngineError::VisionEval(format!("image chunk {index}: {e}")))?;
+        let encoded = self.encode_chunk(chunk);
+        if let Some(g) = gate {
+            g.end();
+        }
+        encoded.map_err(|e| EngineError::VisionEval(format!("image chunk {index}: {e}")))?;
         let encode_ms = t.elapsed().as_secs_f64() * 1e3;
         // SAFETY: the embeddings of the last encode live in the mtmd
         // context until the next encode; new_pos is a valid out pointer.

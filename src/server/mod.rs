@@ -16,6 +16,7 @@ pub mod args;
 pub mod chat_template;
 pub mod completion;
 pub mod config;
+pub mod device_gate;
 pub mod embedding;
 pub mod error;
 pub mod json_schema;

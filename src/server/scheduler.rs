@@ -8,13 +8,14 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::engine::{BatchItem, Context, ContextParams, EngineError, Model, Sampler, Token};
 use crate::generate::{find_stop, Utf8Stream};
 
+use super::device_gate::DeviceGate;
 use super::metrics::Metrics;
 use super::task::{Event, Final, GenJob, GenParams, StopType, TokenLogprob, TokenProbs};
 
@@ -65,6 +66,7 @@ pub fn spawn(
     model: Arc<Model>,
     params: ContextParams,
     plan: Option<Arc<crate::plan::Plan>>,
+    gate: Arc<DeviceGate>,
     metrics: Arc<Metrics>,
 ) -> Result<(SchedulerHandle, Vec<crate::engine::MemoryBreakdown>), EngineError> {
     let (tx, rx) = std::sync::mpsc::channel::<Submission>();
@@ -86,6 +88,7 @@ pub fn spawn(
             let _ = ready_tx.send(Ok((n_ctx, ctx.memory_breakdown())));
             let mut worker = Worker::new(&model, ctx, n_parallel as usize, metrics, slots_w);
             worker.plan = plan;
+            worker.gate = gate;
             worker.run(rx);
         })
         .map_err(|e| EngineError::InvalidArgument(format!("cannot start the worker thread: {e}")))?;
@@ -144,6 +147,7 @@ struct Worker<'m> {
     tick: u64,
     next_task: i64,
     plan: Option<Arc<crate::plan::Plan>>,
+    gate: Arc<DeviceGate>,
 }
 
 fn common_prefix(a: &[Token], b: &[Token]) -> usize {
@@ -225,6 +229,7 @@ impl<'m> Worker<'m> {
             tick: 0,
             next_task: 0,
             plan: None,
+            gate: Arc::default(),
         };
         w.publish();
         w
@@ -254,11 +259,16 @@ impl<'m> Worker<'m> {
     fn run(mut self, rx: Receiver<Submission>) {
         let mut queue: VecDeque<Submission> = VecDeque::new();
         loop {
+            // The vision worker may borrow the device between two steps.
+            let ctx = &mut self.ctx;
+            self.gate.lend_if_wanted(|| ctx.release_compute());
             let busy = self.slots.iter().any(|s| s.job.is_some());
             if !busy && queue.is_empty() {
-                match rx.recv() {
+                // Idle: wake now and then to lend the device.
+                match rx.recv_timeout(DeviceGate::IDLE_POLL) {
                     Ok(s) => queue.push_back(s),
-                    Err(_) => return,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return,
                 }
             }
             while let Ok(s) = rx.try_recv() {

@@ -8,6 +8,7 @@ use crate::engine::{self, ffi, ContextParams, Model, ModelParams};
 
 use super::chat_template::ChatTemplate;
 use super::config::ServerConfig;
+use super::device_gate::DeviceGate;
 use super::embedding::Embedder;
 use super::error::{ApiError, ServerError};
 use super::metrics::Metrics;
@@ -173,8 +174,10 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         applied.configure_context(&mut cparams);
     }
     let plan = planned.as_ref().map(|(p, _)| Arc::new(p.clone()));
+    // Lent by the text slots to the vision worker while it encodes an image.
+    let gate = Arc::new(DeviceGate::default());
     let (scheduler, mem) =
-        scheduler::spawn(model.clone(), cparams.clone(), plan, metrics.clone()).map_err(|e| err(&e))?;
+        scheduler::spawn(model.clone(), cparams.clone(), plan, gate.clone(), metrics.clone()).map_err(|e| err(&e))?;
     let vram: u64 = mem.iter().filter(|m| !m.is_host).map(|m| m.total()).sum();
     let embedder = if config.embeddings {
         let n = scheduler.n_ctx_slot.max(64);
@@ -208,6 +211,7 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
                     offload: None,
                     ..cparams.clone()
                 },
+                gate,
             )
             .map_err(|e| err(&e))?;
             tracing::info!(

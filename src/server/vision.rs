@@ -2,8 +2,9 @@
 //! are served one at a time by their own worker thread, which owns a
 //! one-sequence context of the slot size and the multimodal projector;
 //! text requests keep going through the continuous-batching
-//! [`scheduler`](super::scheduler) unaffected. (Batching images into the
-//! slot scheduler is left for later.)
+//! [`scheduler`](super::scheduler), which pauses and frees its compute
+//! memory only while an image is encoded ([`DeviceGate`]). (Batching images
+//! into the slot scheduler is left for later.)
 
 use std::path::Path;
 use std::sync::mpsc::Sender;
@@ -15,6 +16,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use crate::engine::{Bitmap, Context, ContextParams, EngineError, Model, VisionOptions, VisionProjector};
 use crate::generate::{generate_from, EvaluatedPrompt, StopReason};
 
+use super::device_gate::DeviceGate;
 use super::error::ApiError;
 use super::task::{Event, Final, GenParams, StopType};
 
@@ -46,6 +48,7 @@ impl VisionHandle {
         media_dir: Option<std::path::PathBuf>,
         opts: VisionOptions,
         params: ContextParams,
+        gate: Arc<DeviceGate>,
     ) -> Result<Self, EngineError> {
         let (tx, rx) = std::sync::mpsc::channel::<VisionJob>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -67,7 +70,7 @@ impl VisionHandle {
                     if job.events.is_closed() {
                         continue;
                     }
-                    if let Err(e) = run_job(&proj, &mut ctx, &job) {
+                    if let Err(e) = run_job(&proj, &mut ctx, &job, &gate) {
                         tracing::warn!("vision request failed: {e}");
                         let _ = job.events.send(Event::Error(e.to_string()));
                     }
@@ -101,7 +104,12 @@ impl VisionHandle {
     }
 }
 
-fn run_job(proj: &VisionProjector<'_>, ctx: &mut Context<'_>, job: &VisionJob) -> Result<(), EngineError> {
+fn run_job(
+    proj: &VisionProjector<'_>,
+    ctx: &mut Context<'_>,
+    job: &VisionJob,
+    gate: &DeviceGate,
+) -> Result<(), EngineError> {
     let model = proj.model();
     let bitmaps = job
         .images
@@ -110,7 +118,7 @@ fn run_job(proj: &VisionProjector<'_>, ctx: &mut Context<'_>, job: &VisionJob) -
         .collect::<Result<Vec<_>, _>>()?;
     ctx.clear();
     let started = Instant::now();
-    let ev = proj.eval_prompt(ctx, &job.prompt, &bitmaps, 0, model.add_bos())?;
+    let ev = proj.eval_prompt(ctx, &job.prompt, &bitmaps, 0, model.add_bos(), Some(gate))?;
     tracing::info!(
         "vision prompt: {} image(s) encoded in {:.1} ms, {} positions in {:.1} ms",
         ev.n_images,
