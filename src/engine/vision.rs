@@ -66,8 +66,10 @@ impl VisionOptions {
     /// The copies are llama.cpp's synchronous ones (no slots): with patch
     /// 0003's overlapped slots the encoder's embeddings came out wrong on
     /// the H200 (max |diff| equal to the largest value, with 1 and 4 slots),
-    /// while synchronous copies match the full-GPU encoder exactly. Until
-    /// that is found, `stream_slots` stays 0 here.
+    /// while synchronous copies match the full-GPU encoder exactly. The
+    /// likely cause (a reshaped view of the patch kernel taken for a
+    /// streamed weight at compute time only) is fixed in patch 0003 but not
+    /// yet checked on a GPU, so `stream_slots` stays 0 here.
     pub fn budgeted(threads: i32) -> Self {
         VisionOptions {
             use_gpu: true,
