@@ -272,6 +272,9 @@ vlossless() { # RES [EXTRA...]: image embeddings, encoder weights on the host vs
 # Why the streamed encoder's embeddings differ: synchronous copies vs 1 and 4 slots.
 v4() { vprep; vlossless 480p --vision-stream-slots 0; vlossless 480p --vision-stream-slots 1; vlossless 480p --vision-stream-slots 4; }
 
+# After patch 0003's view fix: is the streamed encoder exact now?
+v6() { vprep; for r in 480p 1080p; do for k in 0 1 4; do vlossless $r --vision-stream-slots $k; done; done; }
+
 # With synchronous copies for the encoder (lossless): pipeshard again.
 v5() {
     vprep; vlossless 1080p; vlossless 1440p
