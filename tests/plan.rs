@@ -239,6 +239,14 @@ fn vision_peak_counts_as_the_larger_of_the_two_not_the_sum() {
     assert!(lang > 0 && base.vram.vision_peak == 0);
     assert_eq!(base.vram.total, base.vram.persistent() + lang);
 
+    // `plan` explains it.
+    let mut req = PlanRequest::new(budget, 4352);
+    req.vision_peak = lang + GIB;
+    let shown = plan::render(&plan::make_plan(&info, &profile, &req).unwrap(), plan::Format::Table);
+    assert!(shown.contains("vision encoder: "), "{shown}");
+    let shown_base = plan::render(&base, plan::Format::Table);
+    assert!(!shown_base.contains("vision encoder: "));
+
     // Smaller than the language model's peak: the same plan.
     let mut req = PlanRequest::new(budget, 4352);
     req.vision_peak = lang / 2;

@@ -53,6 +53,14 @@ fn table(plan: &Plan) -> String {
         fmt_bytes(v.stream_overhead),
         fmt_bytes(v.reserve)
     );
+    if v.vision_peak > 0 {
+        let _ = writeln!(
+            s,
+            "vision encoder: {} while an image is encoded; the language model's compute peak ({}) is released meanwhile, so the larger of the two counts",
+            fmt_bytes(v.vision_peak),
+            fmt_bytes(v.language_peak())
+        );
+    }
     if let Some(m) = v.measured {
         let _ = writeln!(
             s,
