@@ -139,29 +139,36 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
     // and its peak is budgeted against the language model's compute, not
     // added to it; without one it runs as upstream's does.
     let budgeted = args.budget.is_set() && engine::has_gpu() && !args.no_mmproj_offload;
-    let vision_opts = if budgeted {
-        engine::VisionOptions::budgeted(threads)
-    } else {
-        engine::VisionOptions::upstream(args.n_gpu_layers != 0 && !args.no_mmproj_offload, threads)
+    let image = match &args.image {
+        Some(img) => engine::PeakImage::File(img.clone()),
+        None => engine::PeakImage::Largest,
     };
-    let vision = match (&args.mmproj, budgeted && args.budget.plan.is_none()) {
-        (Some(mm), true) => {
-            let image = match &args.image {
-                Some(img) => engine::PeakImage::File(img.clone()),
-                None => engine::PeakImage::Largest,
-            };
-            let v = pipeshard::plan::runtime::vision_memory(&model_path, mm, vision_opts, &image)
-                .with_context(|| format!("measuring the vision encoder of {}", mm.display()))?;
-            eprintln!(
-                "vision encoder: {} of device memory while it runs, {} held after",
-                pipeshard::plan::fmt_bytes(v.peak),
-                pipeshard::plan::fmt_bytes(v.resident)
-            );
-            v
-        }
-        _ => Default::default(),
-    };
-    let plan = plan_for_model(&args.budget, &model_path, args.ctx_size as u64, threads, vision)?;
+    let (vision_opts, vision) = pipeshard::plan::runtime::vision_setup(
+        &model_path,
+        args.mmproj.as_deref(),
+        (budgeted, args.n_gpu_layers != 0 && !args.no_mmproj_offload),
+        args.budget.plan.is_none(),
+        threads,
+        &image,
+    )
+    .with_context(|| {
+        let mm = args.mmproj.as_deref().unwrap_or(Path::new(""));
+        format!("measuring the vision encoder of {}", mm.display())
+    })?;
+    if let Some(v) = vision {
+        eprintln!(
+            "vision encoder: {} of device memory while it runs, {} held after",
+            pipeshard::plan::fmt_bytes(v.peak),
+            pipeshard::plan::fmt_bytes(v.resident)
+        );
+    }
+    let plan = plan_for_model(
+        &args.budget,
+        &model_path,
+        args.ctx_size as u64,
+        threads,
+        vision.unwrap_or_default(),
+    )?;
     if let Some((plan, applied)) = &plan {
         eprintln!(
             "plan: ubatch {}, {} resident, KV {}/{} layers on GPU, VRAM {} of {}; predicted TTFT {:.3} s and {:.1} tok/s for {}+{} tokens",

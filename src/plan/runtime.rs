@@ -72,6 +72,32 @@ pub fn vision_memory(
     })
 }
 
+/// How the vision encoder of `mmproj` runs, and its device memory when the
+/// plan must budget it. `budgeted`: pipeshard places the model on a GPU, so
+/// the encoder keeps its weights on the host and separates its peak from
+/// the language model's; otherwise it runs as upstream's does, on the GPU
+/// when `upstream_gpu`. With `measure` (a budget, not a saved plan) and
+/// `budgeted`, the encoder is measured for `image`; None otherwise.
+pub fn vision_setup(
+    model: &Path,
+    mmproj: Option<&Path>,
+    (budgeted, upstream_gpu): (bool, bool),
+    measure: bool,
+    threads: i32,
+    image: &engine::PeakImage,
+) -> Result<(engine::VisionOptions, Option<VisionMemory>), RuntimeError> {
+    let opts = if budgeted {
+        engine::VisionOptions::budgeted(threads)
+    } else {
+        engine::VisionOptions::upstream(upstream_gpu, threads)
+    };
+    let memory = match mmproj {
+        Some(mm) if budgeted && measure => Some(vision_memory(model, mm, opts, image)?),
+        _ => None,
+    };
+    Ok((opts, memory))
+}
+
 /// Where a plan comes from.
 #[derive(Debug, Clone, Default)]
 pub struct PlanSource {

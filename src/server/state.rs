@@ -106,22 +106,21 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         && engine::has_gpu()
         && config.mmproj_offload
         && config.n_gpu_layers != 0;
-    let vision_opts = if budgeted {
-        engine::VisionOptions::budgeted(threads)
-    } else {
-        engine::VisionOptions::upstream(config.mmproj_offload && config.n_gpu_layers != 0, threads)
-    };
-    let vision = match (&config.mmproj, budgeted && config.plan.is_none()) {
-        (Some(mm), true) => crate::plan::runtime::vision_memory(&path, mm, vision_opts, &engine::PeakImage::Largest)
-            .map_err(|e| err(&e))?,
-        _ => Default::default(),
-    };
+    let (vision_opts, vision) = crate::plan::runtime::vision_setup(
+        &path,
+        config.mmproj.as_deref(),
+        (budgeted, config.mmproj_offload && config.n_gpu_layers != 0),
+        config.plan.is_none(),
+        threads,
+        &engine::PeakImage::Largest,
+    )
+    .map_err(|e| err(&e))?;
     let source = crate::plan::runtime::PlanSource {
         plan_file: config.plan.clone(),
         budget: config.vram_budget,
         profile: config.profile.clone(),
         stream_slots: config.stream_slots,
-        vision,
+        vision: vision.unwrap_or_default(),
         // The vision worker and the embedder each have a context of one
         // slot's length beside the slots' own.
         side_contexts: [config.mmproj.is_some(), config.embeddings]
