@@ -155,11 +155,6 @@ impl<'m> VisionProjector<'m> {
         Ok(VisionProjector { ptr, model, opts })
     }
 
-    /// How it was loaded.
-    pub fn options(&self) -> VisionOptions {
-        self.opts
-    }
-
     /// Free the encoder's compute buffers and streaming slots until the
     /// next image (patch 0004).
     pub fn release_compute(&self) {
@@ -172,19 +167,17 @@ impl<'m> VisionProjector<'m> {
     /// reservation of the real graph for that image after preprocessing.
     pub fn encode_device_bytes(&self, image: &Bitmap) -> Result<u64> {
         let chunks = self.tokenize(&media_marker(), std::slice::from_ref(image), false)?;
-        let mut bytes = 0u64;
-        for i in 0..chunks.len() {
-            let chunk = chunks.get(i);
-            // SAFETY: valid chunk of a live list; the query allocates nothing.
-            bytes = bytes.max(unsafe { ffi::mtmd_encode_chunk_device_size(self.ptr.as_ptr(), chunk) } as u64);
-        }
-        Ok(bytes)
+        Ok(chunks
+            .iter()
+            // SAFETY: valid chunks of a live list; the query allocates nothing.
+            .map(|chunk| unsafe { ffi::mtmd_encode_chunk_device_size(self.ptr.as_ptr(), chunk) } as u64)
+            .max()
+            .unwrap_or(0))
     }
 
     /// The embeddings the encoder makes for `image` (tokens × the language
     /// model's input width), as the language model would receive them.
     pub fn image_embeddings(&self, image: &Bitmap) -> Result<Vec<f32>> {
-        let chunks = self.tokenize(&media_marker(), std::slice::from_ref(image), false)?;
         // SAFETY: valid model.
         let n_embd = unsafe { ffi::llama_model_n_embd_inp(self.model.as_ptr()) }.max(0) as usize;
         if n_embd == 0 {
@@ -193,13 +186,7 @@ impl<'m> VisionProjector<'m> {
             ));
         }
         let mut out = Vec::new();
-        for i in 0..chunks.len() {
-            let chunk = chunks.get(i);
-            // SAFETY: valid chunk of a live list.
-            if unsafe { ffi::mtmd_input_chunk_get_type(chunk) } == ffi::MTMD_INPUT_CHUNK_TYPE_TEXT {
-                continue;
-            }
-            self.encode_chunk(chunk)?;
+        self.encode_image(image, |chunk| {
             // SAFETY: the last encode's output holds n_tokens × n_embd floats
             // until the next encode.
             unsafe {
@@ -210,19 +197,27 @@ impl<'m> VisionProjector<'m> {
                 }
                 out.extend_from_slice(std::slice::from_raw_parts(p, n));
             }
-        }
+            Ok(())
+        })?;
         Ok(out)
     }
 
     /// Encode `image` once, keeping nothing (to measure what it takes).
     pub fn encode(&self, image: &Bitmap) -> Result<()> {
+        self.encode_image(image, |_| Ok(()))
+    }
+
+    /// Encode each media chunk of `image`, calling `encoded` right after
+    /// each, while its output is still there.
+    fn encode_image(
+        &self,
+        image: &Bitmap,
+        mut encoded: impl FnMut(*const ffi::mtmd_input_chunk) -> Result<()>,
+    ) -> Result<()> {
         let chunks = self.tokenize(&media_marker(), std::slice::from_ref(image), false)?;
-        for i in 0..chunks.len() {
-            let chunk = chunks.get(i);
-            // SAFETY: valid chunk of a live list.
-            if unsafe { ffi::mtmd_input_chunk_get_type(chunk) } != ffi::MTMD_INPUT_CHUNK_TYPE_TEXT {
-                self.encode_chunk(chunk)?;
-            }
+        for chunk in chunks.iter().filter(|&c| is_media(c)) {
+            self.encode_chunk(chunk)?;
+            encoded(chunk)?;
         }
         Ok(())
     }
@@ -299,10 +294,10 @@ impl<'m> VisionProjector<'m> {
     ) -> Result<VisionEval> {
         let t0 = Instant::now();
         let chunks = self.tokenize(text, images, add_special)?;
+        let n_chunks = chunks.iter().count();
         // SAFETY: valid chunk list.
-        let (n_chunks, n_pos, n_tokens) = unsafe {
+        let (n_pos, n_tokens) = unsafe {
             (
-                ffi::mtmd_input_chunks_size(chunks.0.as_ptr()),
                 ffi::mtmd_helper_get_n_pos(chunks.0.as_ptr()),
                 ffi::mtmd_helper_get_n_tokens(chunks.0.as_ptr()),
             )
@@ -317,13 +312,9 @@ impl<'m> VisionProjector<'m> {
         let mut pos = n_past;
         let mut encode_ms = 0.0;
         let n_batch = ctx.n_batch() as i32;
-        for i in 0..n_chunks {
-            // SAFETY: i < size; the chunk lives as long as `chunks`.
-            let chunk = unsafe { ffi::mtmd_input_chunks_get(chunks.0.as_ptr(), i) };
-            // SAFETY: valid chunk.
-            let is_media = unsafe { ffi::mtmd_input_chunk_get_type(chunk) } != ffi::MTMD_INPUT_CHUNK_TYPE_TEXT;
+        for (i, chunk) in chunks.iter().enumerate() {
             let mut new_pos = pos;
-            if is_media {
+            if is_media(chunk) {
                 encode_ms += self.eval_image(ctx, chunk, (pos, n_batch), &mut new_pos, i, gate)?;
                 pos = new_pos;
                 continue;
@@ -475,15 +466,19 @@ pub fn encoder_peak(
 /// An owned `mtmd_input_chunks` list.
 struct Chunks(NonNull<ffi::mtmd_input_chunks>);
 
-impl Chunks {
-    fn len(&self) -> usize {
-        // SAFETY: valid list.
-        unsafe { ffi::mtmd_input_chunks_size(self.0.as_ptr()) }
-    }
+/// Whether a chunk holds an image (or audio) rather than text.
+fn is_media(chunk: *const ffi::mtmd_input_chunk) -> bool {
+    // SAFETY: callers pass chunks of a live list (`Chunks::iter`).
+    unsafe { ffi::mtmd_input_chunk_get_type(chunk) != ffi::MTMD_INPUT_CHUNK_TYPE_TEXT }
+}
 
-    fn get(&self, i: usize) -> *const ffi::mtmd_input_chunk {
-        // SAFETY: callers keep i < len; the chunk lives as long as the list.
-        unsafe { ffi::mtmd_input_chunks_get(self.0.as_ptr(), i) }
+impl Chunks {
+    /// The chunks, in order; each lives as long as the list.
+    fn iter(&self) -> impl Iterator<Item = *const ffi::mtmd_input_chunk> + '_ {
+        // SAFETY: valid list.
+        let n = unsafe { ffi::mtmd_input_chunks_size(self.0.as_ptr()) };
+        // SAFETY: i < n.
+        (0..n).map(move |i| unsafe { ffi::mtmd_input_chunks_get(self.0.as_ptr(), i) })
     }
 
     fn new() -> Result<Self> {
