@@ -187,11 +187,12 @@ fn tiers_choose_streaming_for_prefill_and_cpu_for_decode_when_tight() {
     // ubatch streams every host weight once, and a batch is cut into
     // ubatches as llama.cpp cuts it.
     let host_bytes: u64 = p.tensors.iter().filter(|t| !t.resident).map(|t| t.bytes).sum();
-    assert_eq!(p.batch_streaming(1), (1, 0));
-    let (tier, one) = p.batch_streaming(p.ubatch);
+    let streamed = p.streamed_per_tier();
+    assert_eq!(streamed.batch(1), (1, 0));
+    let (tier, one) = streamed.batch(p.ubatch);
     assert_eq!(tier, p.ubatch);
     assert!(one > 0 && one <= host_bytes, "{one} of {host_bytes}");
-    assert_eq!(p.batch_streaming(3 * p.ubatch + 1), (1, 3 * one));
+    assert_eq!(streamed.batch(3 * p.ubatch + 1), (1, 3 * one));
 }
 
 #[test]

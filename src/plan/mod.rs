@@ -210,11 +210,7 @@ pub struct Plan {
 impl Plan {
     /// The tier a ubatch of `n` tokens runs with.
     pub fn tier_for(&self, n: u64) -> u32 {
-        self.tiers
-            .iter()
-            .copied()
-            .find(|&t| t as u64 >= n)
-            .unwrap_or_else(|| *self.tiers.last().unwrap_or(&1))
+        self.tiers.get(tier_index(&self.tiers, n)).copied().unwrap_or(1)
     }
 
     /// Run everything on the GPU with every weight streamed (none
@@ -245,20 +241,48 @@ impl Plan {
             .sum()
     }
 
-    /// What a batch of `n_tokens` does under this plan: llama.cpp splits it
-    /// into ubatches of [`Plan::ubatch`] tokens; returns the tier of the
-    /// last one and the weight bytes all of them stream.
-    pub fn batch_streaming(&self, n_tokens: u32) -> (u32, u64) {
-        let ubatch = self.ubatch.max(1);
+    /// [`Plan::streamed_bytes`] of every tier, computed once.
+    pub fn streamed_per_tier(&self) -> StreamedPerTier {
+        StreamedPerTier {
+            ubatch: self.ubatch.max(1),
+            tiers: self.tiers.clone(),
+            bytes: self.tiers.iter().map(|&t| self.streamed_bytes(t)).collect(),
+        }
+    }
+}
+
+/// The weight bytes a plan streams per ubatch, by tier.
+#[derive(Debug, Clone)]
+pub struct StreamedPerTier {
+    ubatch: u32,
+    tiers: Vec<u32>,
+    bytes: Vec<u64>,
+}
+
+impl StreamedPerTier {
+    /// What a batch of `n_tokens` does under the plan: llama.cpp splits it
+    /// into ubatches of the plan's ubatch size; returns the tier of the last
+    /// one and the weight bytes all of them stream.
+    pub fn batch(&self, n_tokens: u32) -> (u32, u64) {
         let (mut left, mut bytes, mut tier) = (n_tokens, 0, 0);
         while left > 0 {
-            let m = left.min(ubatch);
-            tier = self.tier_for(m as u64);
-            bytes += self.streamed_bytes(tier);
+            let m = left.min(self.ubatch);
+            let i = tier_index(&self.tiers, m as u64);
+            tier = self.tiers.get(i).copied().unwrap_or(1);
+            bytes += self.bytes.get(i).copied().unwrap_or(0);
             left -= m;
         }
         (tier, bytes)
     }
+}
+
+/// Index of the tier a ubatch of `n` tokens runs with: the first tier at
+/// least that large, or the largest.
+fn tier_index(tiers: &[u32], n: u64) -> usize {
+    tiers
+        .iter()
+        .position(|&t| t as u64 >= n)
+        .unwrap_or(tiers.len().saturating_sub(1))
 }
 
 /// Human-readable bytes (GiB/MiB).

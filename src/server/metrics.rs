@@ -35,10 +35,10 @@ impl Metrics {
         self.predicted_us_total.fetch_add((predicted_ms * 1e3) as u64, Relaxed);
     }
 
-    /// Record a decoded batch of `n_tokens` under `plan`.
-    pub fn record_batch(&self, plan: Option<&crate::plan::Plan>, n_tokens: usize) {
-        if let Some(plan) = plan {
-            let (tier, bytes) = plan.batch_streaming(n_tokens.min(u32::MAX as usize) as u32);
+    /// Record a decoded batch of `n_tokens` under a plan that streams `streamed`.
+    pub fn record_batch(&self, streamed: Option<&crate::plan::StreamedPerTier>, n_tokens: usize) {
+        if let Some(streamed) = streamed {
+            let (tier, bytes) = streamed.batch(n_tokens.min(u32::MAX as usize) as u32);
             self.plan_tier.store(tier as u64, Relaxed);
             self.bytes_streamed_total.fetch_add(bytes, Relaxed);
         }

@@ -18,6 +18,7 @@ use crate::generate::{find_stop, Utf8Stream};
 use super::device_gate::DeviceGate;
 use super::metrics::Metrics;
 use super::task::{Event, Final, GenJob, GenParams, StopType, TokenLogprob, TokenProbs};
+use crate::plan::StreamedPerTier;
 
 /// A job with its sampler, built on the request's thread so that bad
 /// sampling parameters (e.g. a grammar that does not parse) fail there.
@@ -61,12 +62,13 @@ impl SchedulerHandle {
 }
 
 /// Start the worker: it creates the context and reports how that went.
-/// `plan` (when the context applies one) feeds the streaming metrics.
+/// `streamed` (when the context applies a plan) feeds the streaming metrics;
+/// with a `gate`, the worker lends the device to the vision worker.
 pub fn spawn(
     model: Arc<Model>,
     params: ContextParams,
-    plan: Option<Arc<crate::plan::Plan>>,
-    gate: Arc<DeviceGate>,
+    streamed: Option<StreamedPerTier>,
+    gate: Option<Arc<DeviceGate>>,
     metrics: Arc<Metrics>,
 ) -> Result<(SchedulerHandle, Vec<crate::engine::MemoryBreakdown>), EngineError> {
     let (tx, rx) = std::sync::mpsc::channel::<Submission>();
@@ -86,10 +88,7 @@ pub fn spawn(
             };
             let n_ctx = ctx.n_ctx();
             let _ = ready_tx.send(Ok((n_ctx, ctx.memory_breakdown())));
-            let mut worker = Worker::new(&model, ctx, n_parallel as usize, metrics, slots_w);
-            worker.plan = plan;
-            worker.gate = gate;
-            worker.run(rx);
+            Worker::new(&model, ctx, n_parallel as usize, metrics, slots_w, streamed, gate).run(rx);
         })
         .map_err(|e| EngineError::InvalidArgument(format!("cannot start the worker thread: {e}")))?;
     let (n_ctx, mem) = ready_rx
@@ -146,8 +145,8 @@ struct Worker<'m> {
     view: Arc<Mutex<Vec<SlotView>>>,
     tick: u64,
     next_task: i64,
-    plan: Option<Arc<crate::plan::Plan>>,
-    gate: Arc<DeviceGate>,
+    streamed: Option<StreamedPerTier>,
+    gate: Option<Arc<DeviceGate>>,
 }
 
 fn common_prefix(a: &[Token], b: &[Token]) -> usize {
@@ -209,6 +208,8 @@ impl<'m> Worker<'m> {
         n: usize,
         metrics: Arc<Metrics>,
         view: Arc<Mutex<Vec<SlotView>>>,
+        streamed: Option<StreamedPerTier>,
+        gate: Option<Arc<DeviceGate>>,
     ) -> Self {
         let n_ctx_slot = (ctx.n_ctx() as usize / n.max(1)).max(1);
         let slots = (0..n)
@@ -228,8 +229,8 @@ impl<'m> Worker<'m> {
             view,
             tick: 0,
             next_task: 0,
-            plan: None,
-            gate: Arc::default(),
+            streamed,
+            gate,
         };
         w.publish();
         w
@@ -260,12 +261,18 @@ impl<'m> Worker<'m> {
         let mut queue: VecDeque<Submission> = VecDeque::new();
         loop {
             // The vision worker may borrow the device between two steps.
-            let ctx = &mut self.ctx;
-            self.gate.lend_if_wanted(|| ctx.release_compute());
+            if let Some(gate) = &self.gate {
+                let ctx = &mut self.ctx;
+                gate.lend_if_wanted(|| ctx.release_compute());
+            }
             let busy = self.slots.iter().any(|s| s.job.is_some());
             if !busy && queue.is_empty() {
-                // Idle: wake now and then to lend the device.
-                match rx.recv_timeout(DeviceGate::IDLE_POLL) {
+                let next = match self.gate {
+                    // Idle with a vision worker: wake now and then to lend the device.
+                    Some(_) => rx.recv_timeout(DeviceGate::IDLE_POLL),
+                    None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                };
+                match next {
                     Ok(s) => queue.push_back(s),
                     Err(RecvTimeoutError::Timeout) => continue,
                     Err(RecvTimeoutError::Disconnected) => return,
@@ -437,7 +444,7 @@ impl<'m> Worker<'m> {
         }
         let max_pos = self.slots.iter().map(|s| s.cache.len()).max().unwrap_or(0) as u64;
         self.metrics.n_tokens_max.fetch_max(max_pos, Relaxed);
-        self.metrics.record_batch(self.plan.as_deref(), items.len());
+        self.metrics.record_batch(self.streamed.as_ref(), items.len());
         for i in in_batch {
             let Some(idx) = self.slots[i].job.as_ref().and_then(|j| j.batch_idx) else {
                 continue;

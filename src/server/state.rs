@@ -172,11 +172,12 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
     if let Some((_, applied)) = &planned {
         applied.configure_context(&mut cparams);
     }
-    let plan = planned.as_ref().map(|(p, _)| Arc::new(p.clone()));
+    let streamed = planned.as_ref().map(|(p, _)| p.streamed_per_tier());
     // Lent by the text slots to the vision worker while it encodes an image.
     let gate = Arc::new(DeviceGate::default());
+    let slots_gate = config.mmproj.is_some().then(|| gate.clone());
     let (scheduler, mem) =
-        scheduler::spawn(model.clone(), cparams.clone(), plan, gate.clone(), metrics.clone()).map_err(|e| err(&e))?;
+        scheduler::spawn(model.clone(), cparams.clone(), streamed, slots_gate, metrics.clone()).map_err(|e| err(&e))?;
     let vram: u64 = mem.iter().filter(|m| !m.is_host).map(|m| m.total()).sum();
     let embedder = if config.embeddings {
         let n = scheduler.n_ctx_slot.max(64);
