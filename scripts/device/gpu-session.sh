@@ -28,9 +28,14 @@ stage1() {
     $P plan -m "$W/r2.gguf" --vram-budget 4GiB -c 4352 --profile "$RES/profile.yaml" | tee "$RES/plan-r2-4gib.txt"
 }
 
-stage2() {
+# The default model, uploaded in two parts (one upload is at most 64 MiB).
+join_smol() {
     cat "$W/smol.part1" .stash/smol.part2 > "$W/smol.gguf"
     echo "$SMOL_SHA  $W/smol.gguf" | sha256sum -c
+}
+
+stage2() {
+    join_smol
     smol
     bench
 }
@@ -116,8 +121,7 @@ s1() {
 }
 
 s2() {
-    cat "$W/smol.part1" .stash/smol.part2 > "$W/smol.gguf"
-    echo "$SMOL_SHA  $W/smol.gguf" | sha256sum -c
+    join_smol
     lossless smol-stream-all "$W/smol.gguf" 64MiB --stream-all
     lossless r1-plan "$W/r1.gguf" 2GiB
     lossless r2-stream-all "$W/r2.gguf" 4GiB --stream-all
@@ -173,8 +177,7 @@ s4() {
 # Upstream policies of the same library on the same machine, and the
 # lossless checks.
 s5() {
-    cat "$W/smol.part1" .stash/smol.part2 > "$W/smol.gguf"
-    echo "$SMOL_SHA  $W/smol.gguf" | sha256sum -c
+    join_smol
     lossless smol-stream-all "$W/smol.gguf" 256MiB --stream-all
     lossless smol-plan "$W/smol.gguf" 256MiB
     lossless r1-plan "$W/r1.gguf" 2GiB
@@ -194,8 +197,7 @@ s6() {
 }
 
 s7() {
-    cat "$W/smol.part1" .stash/smol.part2 > "$W/smol.gguf"
-    echo "$SMOL_SHA  $W/smol.gguf" | sha256sum -c
+    join_smol
     lossless smol-stream-all "$W/smol.gguf" 256MiB --stream-all
     lossless r1-stream-all "$W/r1.gguf" 2GiB --stream-all
 }

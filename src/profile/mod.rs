@@ -116,6 +116,13 @@ pub struct MatmulSample {
     pub seconds: f64,
 }
 
+impl MatmulSample {
+    /// What a series of samples shares: everything but the batch size.
+    fn series(&self) -> (Device, &str, Option<(i64, i64)>, bool, i64, i64) {
+        (self.device, &self.ty, self.experts, self.link_busy, self.k, self.n)
+    }
+}
+
 /// One flash-attention measurement.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AttnSample {
@@ -169,23 +176,12 @@ impl MachineProfile {
     /// computed as part of many). A noisy sample that breaks this would
     /// make the planner prefer the larger batch for the wrong reason.
     pub fn make_monotone(&mut self) {
-        self.matmul.sort_by(|a, b| {
-            (a.device, &a.ty, a.experts, a.link_busy, a.k, a.n, a.tokens).cmp(&(
-                b.device,
-                &b.ty,
-                b.experts,
-                b.link_busy,
-                b.k,
-                b.n,
-                b.tokens,
-            ))
-        });
+        self.matmul
+            .sort_by(|a, b| (a.series(), a.tokens).cmp(&(b.series(), b.tokens)));
         for i in 1..self.matmul.len() {
             let (prev, cur) = (&self.matmul[i - 1], &self.matmul[i]);
-            let same_series = (prev.device, &prev.ty, prev.experts, prev.link_busy, prev.k, prev.n)
-                == (cur.device, &cur.ty, cur.experts, cur.link_busy, cur.k, cur.n);
-            if same_series && cur.seconds < prev.seconds {
-                self.matmul[i].seconds = self.matmul[i - 1].seconds;
+            if prev.series() == cur.series() && cur.seconds < prev.seconds {
+                self.matmul[i].seconds = prev.seconds;
             }
         }
     }
