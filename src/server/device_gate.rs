@@ -48,11 +48,6 @@ impl DeviceGate {
         }
         st.lent = false;
     }
-
-    /// Whether the vision worker is waiting for the device.
-    pub fn is_wanted(&self) -> bool {
-        self.lock().wanted
-    }
 }
 
 impl EncodeGate for DeviceGate {
@@ -129,6 +124,6 @@ mod tests {
         let r = releases.load(Ordering::SeqCst);
         assert!((1..=20).contains(&r), "{r} releases for 20 images");
         assert_eq!(overlaps.load(Ordering::SeqCst), 0, "a text step ran during an encode");
-        assert!(!gate.is_wanted());
+        assert!(!gate.lock().wanted);
     }
 }
