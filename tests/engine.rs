@@ -280,3 +280,30 @@ fn context_overflow_is_an_error_not_a_crash() {
     assert!(ctx.decode_tokens(&long, 0, false).is_err());
     assert!(ctx.decode_tokens(&[model.n_vocab() + 5], 0, true).is_err());
 }
+
+/// `ModelParams::repack` (upstream's `--no-repack`): with it the CPU keeps
+/// Q4_0 weights in its interleaved repack buffer, without it in a plain one.
+#[test]
+fn repack_off_keeps_cpu_weights_in_plain_buffers() {
+    let dir = common::scratch_dir("repack");
+    let path = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", pipeshard::synth::Quant::Q4_0);
+    let repacked_bytes = |repack: bool| -> u64 {
+        let model = Model::load(
+            &path,
+            pipeshard::engine::ModelParams {
+                n_gpu_layers: 0,
+                repack,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let ctx = Context::new(&model, ctx_params()).unwrap();
+        ctx.memory_breakdown()
+            .iter()
+            .filter(|m| m.buffer_type.contains("REPACK"))
+            .map(|m| m.model)
+            .sum()
+    };
+    assert!(repacked_bytes(true) > 0, "no weight was repacked by default");
+    assert_eq!(repacked_bytes(false), 0);
+}

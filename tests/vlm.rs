@@ -185,6 +185,10 @@ fn bad_images_and_flags_fail_cleanly() {
 }
 
 fn serve(extra: &[&Path]) -> Server {
+    serve_with_ctx(extra, 1024)
+}
+
+fn serve_with_ctx(extra: &[&Path], n_ctx: u32) -> Server {
     let (model, _, _, dir) = fixtures();
     let port = free_port();
     let mut cmd = Command::new(SERVER);
@@ -198,7 +202,7 @@ fn serve(extra: &[&Path]) -> Server {
         "--port",
         &port.to_string(),
         "-c",
-        "1024",
+        &n_ctx.to_string(),
         "-t",
         "2",
         "-ngl",
@@ -255,6 +259,32 @@ fn server_answers_image_requests_only_with_mmproj() {
     let (code, v) = chat_with_image(&s);
     assert_eq!(code, 400, "{v}");
     assert!(v.to_string().contains("--mmproj"), "{v}");
+}
+
+/// An image prompt longer than the slot's context is the client's request
+/// that cannot be served, a 400 as llama-server answers, not a 500.
+#[test]
+fn image_prompt_over_the_context_is_a_400() {
+    let (_, mmproj, png, _) = fixtures();
+    let s = serve_with_ctx(&[mmproj], 256);
+    let uri = format!("data:image/png;base64,{}", base64(&std::fs::read(png).unwrap()));
+    let body = json!({
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Describe the image. ".repeat(100)},
+            {"type": "image_url", "image_url": {"url": uri}},
+        ]}],
+        "max_tokens": 8,
+    });
+    let res = ureq::post(&format!("{}/v1/chat/completions", s.base))
+        .timeout(Duration::from_secs(120))
+        .set("Content-Type", "application/json")
+        .send_string(&body.to_string());
+    let Err(ureq::Error::Status(code, r)) = res else {
+        panic!("expected a 400, got {res:?}");
+    };
+    let v: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+    assert_eq!(code, 400, "{v}");
+    assert_eq!(v["error"]["type"], "exceed_context_size_error", "{v}");
 }
 
 /// Compute bytes a context holds, over every buffer type.

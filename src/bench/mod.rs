@@ -79,6 +79,9 @@ pub struct BenchConfig {
     pub flash_attention: FlashAttention,
     /// Streaming slots pipeshard's plan uses (`--stream-slots`).
     pub stream_slots: u32,
+    /// Let the upstream policies repack their CPU weights (llama.cpp's
+    /// default; `--no-repack` turns it off).
+    pub repack: bool,
 }
 
 /// One measured repetition.
@@ -115,9 +118,12 @@ fn expert_regex() -> &'static str {
 }
 
 /// Load parameters for an upstream policy with `n` as its knob.
-fn upstream_params(policy: Policy, info: &ModelInfo, n: u32) -> ModelParams<'static> {
+fn upstream_params(policy: Policy, info: &ModelInfo, n: u32, repack: bool) -> ModelParams<'static> {
     let cpu = cpu_buft();
-    let mut mp = ModelParams::default();
+    let mut mp = ModelParams {
+        repack,
+        ..Default::default()
+    };
     match policy {
         Policy::Ngl => mp.n_gpu_layers = n as i32,
         Policy::AttnGpu => {
@@ -207,12 +213,15 @@ pub fn run_policy(
                 ),
             )
         }
-        Policy::AttnGpu => (upstream_params(policy, info, 0), "ngl 999, ffn/experts on CPU".into()),
+        Policy::AttnGpu => (
+            upstream_params(policy, info, 0, cfg.repack),
+            "ngl 999, ffn/experts on CPU".into(),
+        ),
         Policy::Ngl | Policy::Fit => {
             // The knob: layers on the GPU (ngl) or layers whose experts move to the CPU (fit, MoE).
             let moe_fit = policy == Policy::Fit && info.is_moe();
             let fits = |n: u32| -> Result<bool, BenchError> {
-                let make = move || upstream_params(policy, info, n);
+                let make = move || upstream_params(policy, info, n, cfg.repack);
                 Ok(engine::dry_run_device_bytes(path, make(), ctx_params.clone())? + margin <= budget)
             };
             let n_layer = info.n_layer;
@@ -249,8 +258,13 @@ pub fn run_policy(
             } else {
                 format!("ngl {chosen}")
             };
-            (upstream_params(policy, info, chosen), setting)
+            (upstream_params(policy, info, chosen, cfg.repack), setting)
         }
+    };
+    let setting = if cfg.repack || policy.is_pipeshard() {
+        setting
+    } else {
+        format!("{setting}, no repack")
     };
 
     let gpu_index = engine::first_device(DeviceKind::Gpu).map(|d| d.index);

@@ -46,6 +46,10 @@ pub struct BenchArgs {
     #[arg(long = "stream-slots", default_value_t = pipeshard::plan::DEFAULT_STREAM_SLOTS,
           value_parser = clap::value_parser!(u32).range(0..=8))]
     pub stream_slots: u32,
+    /// Upstream policies keep their CPU weights in llama.cpp's plain layout
+    /// instead of repacking them (upstream's `--no-repack`).
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
 }
 
 pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
@@ -83,6 +87,7 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
         repetitions: args.repetitions,
         flash_attention: FlashAttention::On,
         stream_slots: args.stream_slots,
+        repack: !args.no_repack,
     };
     let mut rows = Vec::new();
     for &b in &budgets {

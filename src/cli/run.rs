@@ -92,6 +92,11 @@ pub struct RunArgs {
     /// Run the vision encoder on the CPU (upstream's --no-mmproj-offload).
     #[arg(long = "no-mmproj-offload")]
     pub no_mmproj_offload: bool,
+    /// With a budget: streaming slots for the vision encoder's weights
+    /// (0: llama.cpp's synchronous copies).
+    #[arg(long = "vision-stream-slots", default_value_t = engine::VisionOptions::BUDGETED_STREAM_SLOTS,
+          value_parser = clap::value_parser!(u32).range(0..=8))]
+    pub vision_stream_slots: u32,
     #[command(flatten)]
     pub budget: BudgetArgs,
 }
@@ -143,12 +148,19 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
         Some(img) => engine::PeakImage::File(img.clone()),
         None => engine::PeakImage::Largest,
     };
-    let (vision_opts, vision) = pipeshard::plan::runtime::vision_setup(
+    let vision_opts = if budgeted {
+        engine::VisionOptions {
+            stream_slots: args.vision_stream_slots,
+            ..engine::VisionOptions::budgeted(threads)
+        }
+    } else {
+        engine::VisionOptions::upstream(args.n_gpu_layers != 0 && !args.no_mmproj_offload, threads)
+    };
+    let vision = pipeshard::plan::runtime::vision_setup(
         &model_path,
         args.mmproj.as_deref(),
-        (budgeted, args.n_gpu_layers != 0 && !args.no_mmproj_offload),
+        vision_opts,
         args.budget.plan.is_none(),
-        threads,
         &image,
     )
     .with_context(|| {

@@ -30,6 +30,11 @@ pub struct ModelParams<'a> {
     pub placement: Option<TensorPlacement>,
     /// Only load metadata and simulate allocations (to measure memory).
     pub no_alloc: bool,
+    /// Let the CPU backend repack weights it computes into its faster
+    /// interleaved layouts (llama.cpp's default; upstream's `--no-repack`
+    /// turns it off). Weights in the GPU's pinned host buffers are never
+    /// repacked.
+    pub repack: bool,
 }
 
 impl Default for ModelParams<'_> {
@@ -42,6 +47,7 @@ impl Default for ModelParams<'_> {
             progress: None,
             placement: None,
             no_alloc: false,
+            repack: true,
         }
     }
 }
@@ -115,6 +121,7 @@ impl Model {
         };
         mp.vocab_only = params.vocab_only;
         mp.no_alloc = params.no_alloc;
+        mp.use_extra_bufts = params.repack;
         let placement = params.placement.take();
         if let Some(pl) = &placement {
             mp.tensor_buft_cb = Some(tensor_buft_trampoline);

@@ -72,30 +72,24 @@ pub fn vision_memory(
     })
 }
 
-/// How the vision encoder of `mmproj` runs, and its device memory when the
-/// plan must budget it. `budgeted`: pipeshard places the model on a GPU, so
-/// the encoder keeps its weights on the host and separates its peak from
-/// the language model's; otherwise it runs as upstream's does, on the GPU
-/// when `upstream_gpu`. With `measure` (a budget, not a saved plan) and
-/// `budgeted`, the encoder is measured for `image`; None otherwise.
+/// The device memory of the vision encoder of `mmproj` run with `opts`,
+/// when the plan must budget it: with `measure` (a budget, not a saved
+/// plan) and pipeshard's encoder (weights on the host, peaks kept apart),
+/// it is measured for `image`; None otherwise, where the encoder runs as
+/// upstream's does and the plan leaves it alone.
 pub fn vision_setup(
     model: &Path,
     mmproj: Option<&Path>,
-    (budgeted, upstream_gpu): (bool, bool),
+    opts: engine::VisionOptions,
     measure: bool,
-    threads: i32,
     image: &engine::PeakImage,
-) -> Result<(engine::VisionOptions, Option<VisionMemory>), RuntimeError> {
-    let opts = if budgeted {
-        engine::VisionOptions::budgeted(threads)
-    } else {
-        engine::VisionOptions::upstream(upstream_gpu, threads)
-    };
-    let memory = match mmproj {
-        Some(mm) if budgeted && measure => Some(vision_memory(model, mm, opts, image)?),
-        _ => None,
-    };
-    Ok((opts, memory))
+) -> Result<Option<VisionMemory>, RuntimeError> {
+    match mmproj {
+        Some(mm) if opts.weights_on_host && opts.separate_peaks && measure => {
+            Ok(Some(vision_memory(model, mm, opts, image)?))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Where a plan comes from.

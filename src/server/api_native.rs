@@ -119,7 +119,7 @@ pub async fn completion(State(st): S, JsonBody(body): JsonBody) -> Result<Respon
                 final_fields(&mut v, &fin, &model);
                 (sse_frame(&v), true)
             }
-            Event::Error(e) => (sse_frame(&ApiError::internal(e).to_json()), true),
+            Event::Error(e) => (sse_frame(&e.to_json()), true),
         });
         return Ok(sse_response(s));
     }

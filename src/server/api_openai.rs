@@ -250,7 +250,7 @@ pub async fn chat_completions(State(st): S, JsonBody(body): JsonBody) -> Result<
                     (out, true)
                 }
                 Event::Error(e) => {
-                    out.push_str(&sse_frame(&ApiError::internal(e).to_json()));
+                    out.push_str(&sse_frame(&e.to_json()));
                     (out, true)
                 }
             }
@@ -333,7 +333,7 @@ pub async fn completions(State(st): S, JsonBody(body): JsonBody) -> Result<Respo
                 push_stream_end(&mut out, with_usage.then(|| chunk(json!([]))), &fin);
                 (out, true)
             }
-            Event::Error(e) => (sse_frame(&ApiError::internal(e).to_json()), true),
+            Event::Error(e) => (sse_frame(&e.to_json()), true),
         });
         return Ok(sse_response(s));
     }

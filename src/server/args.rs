@@ -469,6 +469,9 @@ pub fn parse(argv: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Pa
     if let Some(b) = g.flag("--kv-unified") {
         c.kv_unified = b;
     }
+    if let Some(b) = g.flag("--repack") {
+        c.repack = b;
+    }
     if let Some((s, origin)) = g.string("--load-mode") {
         c.use_mmap = match s.as_str() {
             "mmap" => true,
@@ -692,6 +695,11 @@ mod tests {
         .unwrap();
         assert!(!c.endpoint_slots);
         assert!(c.endpoint_metrics);
+        assert!(c.repack);
+        let (c, _) = run(&["--no-repack"], &[]).unwrap();
+        assert!(!c.repack);
+        let (c, _) = run(&[], &[("LLAMA_ARG_REPACK", "0")]).unwrap();
+        assert!(!c.repack);
     }
 
     #[test]

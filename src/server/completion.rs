@@ -106,7 +106,7 @@ pub async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiE
                     fin,
                 })
             }
-            Event::Error(e) => return Err(ApiError::internal(e)),
+            Event::Error(e) => return Err(e),
         }
     }
     Err(ApiError::internal("the inference worker stopped"))

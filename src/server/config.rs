@@ -32,6 +32,8 @@ pub struct ServerConfig {
     pub op_offload: bool,
     pub kv_unified: bool,
     pub use_mmap: bool,
+    /// `--repack` / `--no-repack`: repack CPU weights into faster layouts.
+    pub repack: bool,
     /// `-ot` / `--cpu-moe` / `--n-cpu-moe`: (tensor regex, buffer type name).
     pub tensor_overrides: Vec<(String, String)>,
     /// Accepted API keys; empty: no authentication.
@@ -109,6 +111,7 @@ impl Default for ServerConfig {
             op_offload: true,
             kv_unified: true,
             use_mmap: true,
+            repack: true,
             tensor_overrides: Vec::new(),
             api_keys: Vec::new(),
             endpoint_metrics: false,

@@ -2,11 +2,12 @@
 //! owned by its own thread. Models that pool in llama.cpp are read per
 //! sequence; the others are mean-pooled over their token embeddings here.
 
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use super::worker::WorkerThread;
 use crate::engine::{BatchItem, Context, ContextParams, EngineError, Model, Token};
 
 /// One embedding request: several inputs, one vector each.
@@ -18,7 +19,7 @@ pub struct EmbedJob {
 /// The handle requests use to reach the embedding thread.
 #[derive(Clone)]
 pub struct Embedder {
-    tx: Sender<EmbedJob>,
+    worker: Arc<WorkerThread<EmbedJob>>,
     /// Longest input in tokens.
     pub n_ctx: u32,
 }
@@ -28,39 +29,39 @@ impl Embedder {
     pub fn spawn(model: Arc<Model>, mut params: ContextParams) -> Result<Embedder, EngineError> {
         params.embeddings = true;
         params.n_seq_max = 1;
-        let (tx, rx) = std::sync::mpsc::channel::<EmbedJob>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("pipeshard-embed".into())
-            .spawn(move || {
-                let mut ctx = match Context::new(&model, params) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(Ok(ctx.n_ctx()));
-                while let Ok(job) = rx.recv() {
-                    let out: Result<Vec<Vec<f32>>, String> = job
-                        .inputs
-                        .iter()
-                        .map(|t| embed_one(&mut ctx, t).map_err(|e| e.to_string()))
-                        .collect();
-                    let _ = job.reply.send(out);
+        let worker = WorkerThread::spawn("pipeshard-embed", move |rx: Receiver<EmbedJob>| {
+            let mut ctx = match Context::new(&model, params) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
                 }
-            })
-            .map_err(|e| EngineError::InvalidArgument(format!("cannot start the embedding thread: {e}")))?;
+            };
+            let _ = ready_tx.send(Ok(ctx.n_ctx()));
+            while let Ok(job) = rx.recv() {
+                let out: Result<Vec<Vec<f32>>, String> = job
+                    .inputs
+                    .iter()
+                    .map(|t| embed_one(&mut ctx, t).map_err(|e| e.to_string()))
+                    .collect();
+                let _ = job.reply.send(out);
+            }
+        })
+        .map_err(|e| EngineError::InvalidArgument(format!("cannot start the embedding thread: {e}")))?;
         let n_ctx = ready_rx
             .recv()
             .map_err(|_| EngineError::InvalidArgument("the embedding thread died".into()))??;
-        Ok(Embedder { tx, n_ctx })
+        Ok(Embedder {
+            worker: Arc::new(worker),
+            n_ctx,
+        })
     }
 
     /// Embed inputs (already tokenized); unnormalised vectors.
     pub async fn embed(&self, inputs: Vec<Vec<Token>>) -> Result<Vec<Vec<f32>>, String> {
         let (reply, rx) = oneshot::channel();
-        self.tx
+        self.worker
             .send(EmbedJob { inputs, reply })
             .map_err(|_| "the embedding thread has stopped".to_string())?;
         rx.await.map_err(|_| "the embedding thread has stopped".to_string())?

@@ -20,6 +20,9 @@ pub struct Metrics {
     pub vram_budget_bytes: AtomicU64,
     /// pipeshard: bytes in non-host buffers (weights, KV, compute).
     pub vram_used_bytes: AtomicU64,
+    /// pipeshard: the most device memory in use since the server started,
+    /// above the level before the model was loaded (sampled every 10 ms).
+    pub vram_peak_bytes: std::sync::OnceLock<std::sync::Arc<AtomicU64>>,
     /// pipeshard: the plan tier of the last ubatch (0 without a plan).
     pub plan_tier: AtomicU64,
     /// pipeshard: weight bytes streamed host→device, as the plan streams them.
@@ -50,7 +53,7 @@ impl Metrics {
         let prompt_s = g(&self.prompt_us_total) as f64 / 1e6;
         let pred_s = g(&self.predicted_us_total) as f64 / 1e6;
         let n_decode = g(&self.n_decode_total);
-        let rows: [(&str, &str, &str, f64); 15] = [
+        let rows: [(&str, &str, &str, f64); 16] = [
             (
                 "llamacpp:prompt_tokens_total",
                 "counter",
@@ -140,6 +143,12 @@ impl Metrics {
                 "gauge",
                 "Bytes held in device (non-host) buffers.",
                 g(&self.vram_used_bytes) as f64,
+            ),
+            (
+                "pipeshard_vram_peak_bytes",
+                "gauge",
+                "Most device memory in use since the model was loaded (sampled), bytes.",
+                self.vram_peak_bytes.get().map_or(0, |p| p.load(Relaxed)) as f64,
             ),
             (
                 "pipeshard_plan_tier",

@@ -28,6 +28,7 @@ pub mod state;
 pub mod task;
 pub mod upstream_args;
 pub mod vision;
+pub mod worker;
 
 use std::sync::{Arc, Mutex};
 

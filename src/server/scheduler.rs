@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -16,8 +16,10 @@ use crate::engine::{BatchItem, Context, ContextParams, EngineError, Model, Sampl
 use crate::generate::{find_stop, Utf8Stream};
 
 use super::device_gate::DeviceGate;
+use super::error::ApiError;
 use super::metrics::Metrics;
 use super::task::{Event, Final, GenJob, GenParams, StopType, TokenLogprob, TokenProbs};
+use super::worker::WorkerThread;
 use crate::plan::StreamedPerTier;
 
 /// A job with its sampler, built on the request's thread so that bad
@@ -43,7 +45,7 @@ pub struct SlotView {
 /// The handle requests use to reach the worker.
 #[derive(Clone)]
 pub struct SchedulerHandle {
-    tx: Sender<Submission>,
+    worker: Arc<WorkerThread<Submission>>,
     /// Context per slot.
     pub n_ctx_slot: u32,
     /// Context over all slots.
@@ -55,7 +57,7 @@ pub struct SchedulerHandle {
 impl SchedulerHandle {
     /// Queue a job; fails only when the worker is gone.
     pub fn submit(&self, s: Submission) -> Result<(), String> {
-        self.tx
+        self.worker
             .send(s)
             .map_err(|_| "the inference worker has stopped".to_string())
     }
@@ -71,31 +73,28 @@ pub fn spawn(
     gate: Option<Arc<DeviceGate>>,
     metrics: Arc<Metrics>,
 ) -> Result<(SchedulerHandle, Vec<crate::engine::MemoryBreakdown>), EngineError> {
-    let (tx, rx) = std::sync::mpsc::channel::<Submission>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let n_parallel = params.n_seq_max;
     let slots = Arc::new(Mutex::new(Vec::new()));
     let slots_w = slots.clone();
-    std::thread::Builder::new()
-        .name("pipeshard-slots".into())
-        .spawn(move || {
-            let ctx = match Context::new(&model, params) {
-                Ok(c) => c,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            let n_ctx = ctx.n_ctx();
-            let _ = ready_tx.send(Ok((n_ctx, ctx.memory_breakdown())));
-            Worker::new(&model, ctx, n_parallel as usize, metrics, slots_w, streamed, gate).run(rx);
-        })
-        .map_err(|e| EngineError::InvalidArgument(format!("cannot start the worker thread: {e}")))?;
+    let worker = WorkerThread::spawn("pipeshard-slots", move |rx: Receiver<Submission>| {
+        let ctx = match Context::new(&model, params) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+                return;
+            }
+        };
+        let n_ctx = ctx.n_ctx();
+        let _ = ready_tx.send(Ok((n_ctx, ctx.memory_breakdown())));
+        Worker::new(&model, ctx, n_parallel as usize, metrics, slots_w, streamed, gate).run(rx);
+    })
+    .map_err(|e| EngineError::InvalidArgument(format!("cannot start the worker thread: {e}")))?;
     let (n_ctx, mem) = ready_rx
         .recv()
         .map_err(|_| EngineError::InvalidArgument("the worker thread died while creating the context".into()))??;
     let handle = SchedulerHandle {
-        tx,
+        worker: Arc::new(worker),
         n_ctx_slot: n_ctx / n_parallel.max(1),
         n_ctx,
         n_parallel,
@@ -437,7 +436,9 @@ impl<'m> Worker<'m> {
                 self.ctx.seq_rm(i as i32, 0, -1);
                 self.slots[i].cache.clear();
                 if let Some(job) = self.slots[i].job.take() {
-                    let _ = job.events.send(Event::Error(format!("decoding failed: {e}")));
+                    let _ = job
+                        .events
+                        .send(Event::Error(ApiError::internal(format!("decoding failed: {e}"))));
                 }
             }
             return;

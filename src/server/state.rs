@@ -22,6 +22,8 @@ pub struct Ready {
     pub embedder: Option<Embedder>,
     /// The image worker, with `--mmproj`.
     pub vision: Option<VisionHandle>,
+    /// Samples device memory for `pipeshard_vram_peak_bytes` while serving.
+    pub device_sampler: Option<crate::bench::MemorySampler>,
     /// `Err` holds why chat requests cannot be served.
     pub template: Result<ChatTemplate, String>,
     /// The id reported in `/v1/models` and responses.
@@ -89,6 +91,11 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         None => crate::default_model::ensure().map_err(|e| err(&e))?,
     };
     engine::init(config.backend_dir.as_deref()).map_err(|e| err(&e))?;
+    let device_sampler = engine::first_device(engine::DeviceKind::Gpu).map(|d| {
+        let sampler = crate::bench::MemorySampler::every(Some(d.index), std::time::Duration::from_millis(10));
+        let _ = metrics.vram_peak_bytes.set(sampler.device_peak());
+        sampler
+    });
     let mut overrides = Vec::new();
     for (pat, buft) in &config.tensor_overrides {
         let b = engine::buffer_types()
@@ -106,12 +113,16 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         && engine::has_gpu()
         && config.mmproj_offload
         && config.n_gpu_layers != 0;
-    let (vision_opts, vision) = crate::plan::runtime::vision_setup(
+    let vision_opts = if budgeted {
+        engine::VisionOptions::budgeted(threads)
+    } else {
+        engine::VisionOptions::upstream(config.mmproj_offload && config.n_gpu_layers != 0, threads)
+    };
+    let vision = crate::plan::runtime::vision_setup(
         &path,
         config.mmproj.as_deref(),
-        (budgeted, config.mmproj_offload && config.n_gpu_layers != 0),
+        vision_opts,
         config.plan.is_none(),
-        threads,
         &engine::PeakImage::Largest,
     )
     .map_err(|e| err(&e))?;
@@ -134,6 +145,7 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
     let mut mparams = ModelParams {
         n_gpu_layers: config.n_gpu_layers,
         use_mmap: config.use_mmap,
+        repack: config.repack,
         tensor_overrides: overrides,
         ..Default::default()
     };
@@ -251,6 +263,7 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         scheduler,
         embedder,
         vision,
+        device_sampler,
         template,
         model_id,
         created,

@@ -123,6 +123,7 @@ pub enum Event {
     },
     /// The job ended.
     Done(Final),
-    /// The job failed.
-    Error(String),
+    /// The job failed: a 4xx for a request that cannot be served as
+    /// asked, a 5xx otherwise.
+    Error(super::error::ApiError),
 }

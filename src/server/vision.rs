@@ -7,7 +7,7 @@
 //! into the slot scheduler is left for later.)
 
 use std::path::Path;
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,6 +19,7 @@ use crate::generate::{generate_from, EvaluatedPrompt, StopReason};
 use super::device_gate::DeviceGate;
 use super::error::ApiError;
 use super::task::{Event, Final, GenParams, StopType};
+use super::worker::WorkerThread;
 
 /// One vision request: a rendered prompt with one media marker per image.
 struct VisionJob {
@@ -31,7 +32,7 @@ struct VisionJob {
 /// The handle requests use to reach the vision worker.
 #[derive(Clone)]
 pub struct VisionHandle {
-    tx: Sender<VisionJob>,
+    worker: Arc<WorkerThread<VisionJob>>,
     /// Context of the vision worker, in tokens.
     pub n_ctx: u32,
     /// Where `image_url` may read local files (`--media-dir`).
@@ -50,37 +51,41 @@ impl VisionHandle {
         params: ContextParams,
         gate: Arc<DeviceGate>,
     ) -> Result<Self, EngineError> {
-        let (tx, rx) = std::sync::mpsc::channel::<VisionJob>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let mmproj = mmproj.to_path_buf();
-        std::thread::Builder::new()
-            .name("pipeshard-vision".into())
-            .spawn(move || {
-                let setup = VisionProjector::load(&model, &mmproj, opts)
-                    .and_then(|p| Context::new(&model, params).map(|c| (p, c)));
-                let (proj, mut ctx) = match setup {
-                    Ok(x) => x,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(Ok(ctx.n_ctx()));
-                while let Ok(job) = rx.recv() {
-                    if job.events.is_closed() {
-                        continue;
-                    }
-                    if let Err(e) = run_job(&proj, &mut ctx, &job, &gate) {
-                        tracing::warn!("vision request failed: {e}");
-                        let _ = job.events.send(Event::Error(e.to_string()));
-                    }
+        let worker = WorkerThread::spawn("pipeshard-vision", move |rx: Receiver<VisionJob>| {
+            let setup =
+                VisionProjector::load(&model, &mmproj, opts).and_then(|p| Context::new(&model, params).map(|c| (p, c)));
+            let (proj, mut ctx) = match setup {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
                 }
-            })
-            .map_err(|e| EngineError::InvalidArgument(format!("cannot start the vision worker: {e}")))?;
+            };
+            let _ = ready_tx.send(Ok(ctx.n_ctx()));
+            while let Ok(job) = rx.recv() {
+                if job.events.is_closed() {
+                    continue;
+                }
+                if let Err(e) = run_job(&proj, &mut ctx, &job, &gate) {
+                    tracing::warn!("vision request failed: {e}");
+                    let _ = job.events.send(Event::Error(match e {
+                        EngineError::ContextOverflow { n_tokens, n_ctx } => ApiError::context_exceeded(n_tokens, n_ctx),
+                        e => ApiError::internal(e.to_string()),
+                    }));
+                }
+            }
+        })
+        .map_err(|e| EngineError::InvalidArgument(format!("cannot start the vision worker: {e}")))?;
         let n_ctx = ready_rx
             .recv()
             .map_err(|_| EngineError::InvalidArgument("the vision worker died while loading".into()))??;
-        Ok(VisionHandle { tx, n_ctx, media_dir })
+        Ok(VisionHandle {
+            worker: Arc::new(worker),
+            n_ctx,
+            media_dir,
+        })
     }
 
     /// Queue a request; events come back on the receiver (dropping it
@@ -92,7 +97,7 @@ impl VisionHandle {
         params: GenParams,
     ) -> Result<UnboundedReceiver<Event>, ApiError> {
         let (events, rx) = unbounded_channel();
-        self.tx
+        self.worker
             .send(VisionJob {
                 prompt,
                 images,
