@@ -47,7 +47,7 @@ impl MemorySampler {
                 }
                 std::thread::sleep(period);
             }
-            (baseline.map_or(0, |b| b.saturating_sub(min_free)), max_rss)
+            (peak.load(Ordering::Relaxed), max_rss)
         });
         MemorySampler {
             stop,

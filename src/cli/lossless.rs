@@ -50,8 +50,9 @@ pub struct LosslessArgs {
     #[arg(long = "image", requires = "mmproj")]
     pub image: Option<PathBuf>,
     /// Device slots for the encoder's weights (0: llama.cpp's synchronous
-    /// copy per op, what `run` and `serve` use).
-    #[arg(long = "vision-stream-slots", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=8))]
+    /// copy per op); the default is what `run` and `serve` use.
+    #[arg(long = "vision-stream-slots", default_value_t = engine::VisionOptions::BUDGETED_STREAM_SLOTS,
+          value_parser = clap::value_parser!(u32).range(0..=8))]
     pub vision_stream_slots: u32,
 }
 

@@ -13,6 +13,7 @@ use pipeshard::generate::{generate, generate_from, EvaluatedPrompt, GenerateOutp
 use pipeshard::{default_model, progress};
 
 use super::plan::{plan_for_model, BudgetArgs};
+use super::GlobalArgs;
 
 /// Load a model with a progress bar labelled `label`.
 pub(super) fn load_with_progress(path: &Path, mut params: ModelParams<'_>, label: &str) -> Result<Model> {
@@ -26,7 +27,6 @@ pub(super) fn load_with_progress(path: &Path, mut params: ModelParams<'_>, label
     bar.finish_and_clear();
     Ok(model)
 }
-use super::GlobalArgs;
 
 #[derive(clap::Args)]
 pub struct RunArgs {

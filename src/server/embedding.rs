@@ -29,29 +29,24 @@ impl Embedder {
     pub fn spawn(model: Arc<Model>, mut params: ContextParams) -> Result<Embedder, EngineError> {
         params.embeddings = true;
         params.n_seq_max = 1;
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let worker = WorkerThread::spawn("pipeshard-embed", move |rx: Receiver<EmbedJob>| {
-            let mut ctx = match Context::new(&model, params) {
-                Ok(c) => c,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
+        let (worker, n_ctx) = WorkerThread::start(
+            "the embedding thread",
+            "pipeshard-embed",
+            move |startup, rx: Receiver<EmbedJob>| {
+                let Some(mut ctx) = startup.check(Context::new(&model, params)) else {
                     return;
+                };
+                startup.ready(ctx.n_ctx());
+                while let Ok(job) = rx.recv() {
+                    let out: Result<Vec<Vec<f32>>, String> = job
+                        .inputs
+                        .iter()
+                        .map(|t| embed_one(&mut ctx, t).map_err(|e| e.to_string()))
+                        .collect();
+                    let _ = job.reply.send(out);
                 }
-            };
-            let _ = ready_tx.send(Ok(ctx.n_ctx()));
-            while let Ok(job) = rx.recv() {
-                let out: Result<Vec<Vec<f32>>, String> = job
-                    .inputs
-                    .iter()
-                    .map(|t| embed_one(&mut ctx, t).map_err(|e| e.to_string()))
-                    .collect();
-                let _ = job.reply.send(out);
-            }
-        })
-        .map_err(|e| EngineError::InvalidArgument(format!("cannot start the embedding thread: {e}")))?;
-        let n_ctx = ready_rx
-            .recv()
-            .map_err(|_| EngineError::InvalidArgument("the embedding thread died".into()))??;
+            },
+        )?;
         Ok(Embedder {
             worker: Arc::new(worker),
             n_ctx,

@@ -73,26 +73,20 @@ pub fn spawn(
     gate: Option<Arc<DeviceGate>>,
     metrics: Arc<Metrics>,
 ) -> Result<(SchedulerHandle, Vec<crate::engine::MemoryBreakdown>), EngineError> {
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let n_parallel = params.n_seq_max;
     let slots = Arc::new(Mutex::new(Vec::new()));
     let slots_w = slots.clone();
-    let worker = WorkerThread::spawn("pipeshard-slots", move |rx: Receiver<Submission>| {
-        let ctx = match Context::new(&model, params) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = ready_tx.send(Err(e));
+    let (worker, (n_ctx, mem)) = WorkerThread::start(
+        "the worker thread",
+        "pipeshard-slots",
+        move |startup, rx: Receiver<Submission>| {
+            let Some(ctx) = startup.check(Context::new(&model, params)) else {
                 return;
-            }
-        };
-        let n_ctx = ctx.n_ctx();
-        let _ = ready_tx.send(Ok((n_ctx, ctx.memory_breakdown())));
-        Worker::new(&model, ctx, n_parallel as usize, metrics, slots_w, streamed, gate).run(rx);
-    })
-    .map_err(|e| EngineError::InvalidArgument(format!("cannot start the worker thread: {e}")))?;
-    let (n_ctx, mem) = ready_rx
-        .recv()
-        .map_err(|_| EngineError::InvalidArgument("the worker thread died while creating the context".into()))??;
+            };
+            startup.ready((ctx.n_ctx(), ctx.memory_breakdown()));
+            Worker::new(&model, ctx, n_parallel as usize, metrics, slots_w, streamed, gate).run(rx);
+        },
+    )?;
     let handle = SchedulerHandle {
         worker: Arc::new(worker),
         n_ctx_slot: n_ctx / n_parallel.max(1),

@@ -51,36 +51,33 @@ impl VisionHandle {
         params: ContextParams,
         gate: Arc<DeviceGate>,
     ) -> Result<Self, EngineError> {
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let mmproj = mmproj.to_path_buf();
-        let worker = WorkerThread::spawn("pipeshard-vision", move |rx: Receiver<VisionJob>| {
-            let setup =
-                VisionProjector::load(&model, &mmproj, opts).and_then(|p| Context::new(&model, params).map(|c| (p, c)));
-            let (proj, mut ctx) = match setup {
-                Ok(x) => x,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
+        let (worker, n_ctx) = WorkerThread::start(
+            "the vision worker",
+            "pipeshard-vision",
+            move |startup, rx: Receiver<VisionJob>| {
+                let setup = VisionProjector::load(&model, &mmproj, opts)
+                    .and_then(|p| Context::new(&model, params).map(|c| (p, c)));
+                let Some((proj, mut ctx)) = startup.check(setup) else {
                     return;
+                };
+                startup.ready(ctx.n_ctx());
+                while let Ok(job) = rx.recv() {
+                    if job.events.is_closed() {
+                        continue;
+                    }
+                    if let Err(e) = run_job(&proj, &mut ctx, &job, &gate) {
+                        tracing::warn!("vision request failed: {e}");
+                        let _ = job.events.send(Event::Error(match e {
+                            EngineError::ContextOverflow { n_tokens, n_ctx } => {
+                                ApiError::context_exceeded(n_tokens, n_ctx)
+                            }
+                            e => ApiError::internal(e.to_string()),
+                        }));
+                    }
                 }
-            };
-            let _ = ready_tx.send(Ok(ctx.n_ctx()));
-            while let Ok(job) = rx.recv() {
-                if job.events.is_closed() {
-                    continue;
-                }
-                if let Err(e) = run_job(&proj, &mut ctx, &job, &gate) {
-                    tracing::warn!("vision request failed: {e}");
-                    let _ = job.events.send(Event::Error(match e {
-                        EngineError::ContextOverflow { n_tokens, n_ctx } => ApiError::context_exceeded(n_tokens, n_ctx),
-                        e => ApiError::internal(e.to_string()),
-                    }));
-                }
-            }
-        })
-        .map_err(|e| EngineError::InvalidArgument(format!("cannot start the vision worker: {e}")))?;
-        let n_ctx = ready_rx
-            .recv()
-            .map_err(|_| EngineError::InvalidArgument("the vision worker died while loading".into()))??;
+            },
+        )?;
         Ok(VisionHandle {
             worker: Arc::new(worker),
             n_ctx,
