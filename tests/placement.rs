@@ -2,7 +2,8 @@
 //! every weight, and the offload callback sees every op with a host weight,
 //! with the ubatch size of the tier it runs in. And the weight-streaming
 //! schedule of patch 0003 (the scheduler's own code): slot rotation and the
-//! order of copies, events and computes.
+//! order of copies, events and computes; and that the hybrid-expert hooks
+//! of patches 0005/0006 change nothing without a GPU.
 
 mod common;
 
@@ -10,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use pipeshard::engine::{
-    buffer_types, stream_schedule, Context, ContextParams, Model, ModelParams, Offload, OffloadPolicy, OpKind,
-    SamplingParams, StreamStep, TensorPlacement,
+    buffer_types, stream_schedule, Context, ContextParams, Model, ModelParams, MoeSplitPolicy, Offload, OffloadPolicy,
+    OpKind, SamplingParams, StreamStep, TensorPlacement,
 };
 use pipeshard::generate::{generate, GenerateRequest};
 
@@ -244,4 +245,44 @@ fn stream_slots_without_a_gpu_change_nothing() {
     .unwrap();
     let b = generate(&mut streamed, &req, |_| true).unwrap();
     assert_eq!(a.tokens, b.tokens);
+}
+
+#[test]
+fn hybrid_experts_without_a_gpu_change_nothing() {
+    // Patches 0005/0006 on a CPU-only machine: a MoE model with routed
+    // streaming and a split policy asking for hybrid layers. Without a GPU
+    // backend no layer can split, so the policy is never asked and the
+    // tokens are those of the plain context.
+    pipeshard::engine::init(None).unwrap();
+    let dir = common::scratch_dir("hybrid-experts");
+    let path = common::synth_tiny_model(&dir, "tiny-qwen3-30b-a3b", pipeshard::synth::Quant::Q8_0);
+    let model = Model::load(&path, ModelParams::default()).unwrap();
+    let params = common::small_context_params();
+    let req = GenerateRequest {
+        prompt: model.tokenize("hello world", true, false).unwrap(),
+        n_predict: 8,
+        sampling: SamplingParams::greedy(),
+        stop: vec![],
+    };
+    let mut plain = Context::new(&model, params.clone()).unwrap();
+    let a = generate(&mut plain, &req, |_| true).unwrap();
+    let asked = Arc::new(Mutex::new(0u32));
+    let counter = asked.clone();
+    let policy: MoeSplitPolicy = Arc::new(move |_layer, _n_tokens| {
+        *counter.lock().unwrap() += 1;
+        1
+    });
+    let mut split = Context::new(
+        &model,
+        ContextParams {
+            stream_slots: 2,
+            stream_routed_max: 64,
+            moe_split: Some(policy),
+            ..params
+        },
+    )
+    .unwrap();
+    let b = generate(&mut split, &req, |_| true).unwrap();
+    assert_eq!(a.tokens, b.tokens);
+    assert_eq!(*asked.lock().unwrap(), 0, "asked without a GPU to split to");
 }

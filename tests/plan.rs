@@ -318,3 +318,84 @@ fn side_contexts_count_their_kv_and_compute() {
         side.vram.kv_cache
     );
 }
+
+#[test]
+fn moe_decode_splits_each_tokens_experts_between_gpu_and_cpu() {
+    let profile = fixture();
+    let info = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();
+    let expert_roles = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
+    let is_expert = |name: &str| expert_roles.iter().any(|r| name.contains(r));
+
+    let p = plan::make_plan(&info, &profile, &PlanRequest::new(4 * GIB, 4352)).unwrap();
+    assert!(
+        p.hybrid_gpu_experts > 0 && p.hybrid_gpu_experts < info.n_expert_used,
+        "{}",
+        p.hybrid_gpu_experts
+    );
+    // Decode routes 8 (token, expert) pairs: those copies take only the routed experts.
+    assert!(p.stream_routed_max >= info.n_expert_used, "{}", p.stream_routed_max);
+    assert!((p.stream_routed_max as u64) < p.ubatch as u64 * info.n_expert_used as u64);
+    let mut hybrid_layers = 0;
+    for l in 0..info.n_layer {
+        let experts: Vec<_> = p
+            .tensors
+            .iter()
+            .filter(|t| t.layer == Some(l) && is_expert(&t.name))
+            .collect();
+        assert_eq!(experts.len(), 3);
+        let decode = |t: &plan::PlannedTensor| t.exec.iter().find(|(n, _)| *n == 1).unwrap().1;
+        let split = experts.iter().any(|t| decode(t) == Exec::Hybrid);
+        if split {
+            hybrid_layers += 1;
+            // The split needs every expert tensor of the layer in host memory.
+            assert!(
+                experts.iter().all(|t| !t.resident && decode(t) == Exec::Hybrid),
+                "layer {l}"
+            );
+        }
+        // Prefill never splits.
+        assert!(experts
+            .iter()
+            .all(|t| t.exec.iter().all(|&(n, e)| n == 1 || e != Exec::Hybrid)));
+    }
+    assert!(hybrid_layers > 0);
+
+    // Off, and a share asked for.
+    let mut req = PlanRequest::new(4 * GIB, 4352);
+    req.hybrid_gpu_experts = Some(0);
+    let off = plan::make_plan(&info, &profile, &req).unwrap();
+    assert_eq!(off.hybrid_gpu_experts, 0);
+    assert!(off
+        .tensors
+        .iter()
+        .all(|t| t.exec.iter().all(|(_, e)| *e != Exec::Hybrid)));
+    req.hybrid_gpu_experts = Some(5);
+    assert_eq!(plan::make_plan(&info, &profile, &req).unwrap().hybrid_gpu_experts, 5);
+
+    // Dense models have nothing to split or route.
+    let dense = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let d = plan::make_plan(&dense, &profile, &PlanRequest::new(2 * GIB, 4352)).unwrap();
+    assert_eq!((d.hybrid_gpu_experts, d.stream_routed_max), (0, 0));
+}
+
+#[test]
+fn plans_saved_before_hybrid_experts_still_load() {
+    let profile = fixture();
+    let info = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();
+    let p = plan::make_plan(&info, &profile, &PlanRequest::new(4 * GIB, 4352)).unwrap();
+    let yaml = plan::render(&p, plan::Format::Yaml);
+    let old: String = yaml
+        .lines()
+        .filter(|l| !l.starts_with("stream_routed_max:") && !l.starts_with("hybrid_gpu_experts:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(old, yaml);
+    let dir = std::env::temp_dir().join(format!("pipeshard-old-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plan.yaml");
+    std::fs::write(&path, old).unwrap();
+    let loaded = plan::runtime::load_plan(&path).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!((loaded.hybrid_gpu_experts, loaded.stream_routed_max), (0, 0));
+    assert_eq!(loaded.tensors, p.tensors);
+}

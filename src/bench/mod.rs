@@ -82,6 +82,10 @@ pub struct BenchConfig {
     /// Let the upstream policies repack their CPU weights (llama.cpp's
     /// default; `--no-repack` turns it off).
     pub repack: bool,
+    /// Hybrid experts' GPU share in pipeshard's plan; `None`: the planner's choice.
+    pub hybrid_gpu_experts: Option<u32>,
+    /// The ubatch of pipeshard's plan; `None`: the planner's choice.
+    pub plan_ubatch: Option<u32>,
 }
 
 /// One measured repetition.
@@ -181,6 +185,8 @@ pub fn run_policy(
             let profile = profile.ok_or(plan::PlanError::NoGpuProfile)?;
             let mut req = plan::PlanRequest::new(budget, n_ctx as u64);
             req.stream_slots = cfg.stream_slots;
+            req.hybrid_gpu_experts = cfg.hybrid_gpu_experts;
+            req.ubatch = cfg.plan_ubatch;
             req.workload = plan::Workload {
                 prompt_tokens: cfg.prompt_tokens as u64,
                 gen_tokens: cfg.gen_tokens as u64,
@@ -203,13 +209,14 @@ pub fn run_policy(
             (
                 mp,
                 format!(
-                    "ub {}, {} resident, {} streamed per ubatch, {} slots, KV {}/{} layers",
+                    "ub {}, {} resident, {} streamed per ubatch, {} slots, KV {}/{} layers, hybrid experts {}",
                     p.ubatch,
                     plan::fmt_bytes(p.resident_bytes()),
                     plan::fmt_bytes(streamed),
                     ctx_params.stream_slots,
                     p.kv_gpu_layers,
-                    p.n_layer
+                    p.n_layer,
+                    p.hybrid_gpu_experts
                 ),
             )
         }

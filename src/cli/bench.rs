@@ -50,6 +50,13 @@ pub struct BenchArgs {
     /// instead of repacking them (upstream's `--no-repack`).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// Hybrid experts in pipeshard's plan: how many of each token's routed
+    /// experts the GPU computes in decode (0: off); default: the planner's choice.
+    #[arg(long = "hybrid-experts")]
+    pub hybrid_experts: Option<u32>,
+    /// The ubatch of pipeshard's plan; default: the planner's choice.
+    #[arg(long = "plan-ubatch")]
+    pub plan_ubatch: Option<u32>,
 }
 
 pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
@@ -68,6 +75,7 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
             profile: args.profile.clone(),
             plan: None,
             stream_slots: pipeshard::plan::DEFAULT_STREAM_SLOTS,
+            hybrid_experts: None,
         };
         match resolve_profile(&b, threads) {
             Ok(p) => Some(p),
@@ -88,6 +96,8 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
         flash_attention: FlashAttention::On,
         stream_slots: args.stream_slots,
         repack: !args.no_repack,
+        hybrid_gpu_experts: args.hybrid_experts,
+        plan_ubatch: args.plan_ubatch,
     };
     let mut rows = Vec::new();
     for &b in &budgets {

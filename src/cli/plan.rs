@@ -28,6 +28,12 @@ pub struct BudgetArgs {
     #[arg(long = "stream-slots", env = "PIPESHARD_STREAM_SLOTS", default_value_t = plan::DEFAULT_STREAM_SLOTS,
           value_parser = clap::value_parser!(u32).range(0..=8))]
     pub stream_slots: u32,
+    /// Hybrid experts: how many of each token's routed experts the GPU
+    /// computes in decode, copying only those, while the CPU computes the
+    /// others (MoE layers whose experts stay in host memory); 0 turns the
+    /// split off. Default: the cost model's choice.
+    #[arg(long = "hybrid-experts", env = "PIPESHARD_HYBRID_EXPERTS")]
+    pub hybrid_experts: Option<u32>,
 }
 
 impl BudgetArgs {
@@ -87,6 +93,7 @@ pub fn plan_for_model(
         budget: args.budget_bytes()?,
         profile: args.profile.clone(),
         stream_slots: args.stream_slots,
+        hybrid_gpu_experts: args.hybrid_experts,
         vision,
         side_contexts: Vec::new(),
     };
@@ -141,6 +148,7 @@ pub fn make_request(
     gen: u64,
     ubatch: Option<u32>,
     stream_slots: u32,
+    hybrid_gpu_experts: Option<u32>,
 ) -> PlanRequest {
     let mut req = PlanRequest::new(budget, ctx);
     req.workload = Workload {
@@ -149,6 +157,7 @@ pub fn make_request(
     };
     req.ubatch = ubatch;
     req.stream_slots = stream_slots;
+    req.hybrid_gpu_experts = hybrid_gpu_experts;
     req
 }
 
@@ -177,6 +186,7 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
         args.gen_tokens,
         args.ubatch,
         args.budget.stream_slots,
+        args.budget.hybrid_experts,
     );
     let _ = args.parallel;
     // With a model file and a GPU, check the plan with llama.cpp's own reservation.

@@ -7,7 +7,7 @@ use super::error::{EngineError, Result};
 use super::ffi;
 use super::memory::{BufferType, MemoryBreakdown};
 use super::model::{Model, Token};
-use super::placement::{offload_trampoline, OffloadPolicy};
+use super::placement::{moe_split_trampoline, offload_trampoline, MoeSplitPolicy, OffloadPolicy};
 
 /// Whether to use flash attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -52,6 +52,14 @@ pub struct ContextParams {
     /// streamed ahead of use on a copy stream (patch 0003); 0 keeps
     /// upstream's synchronous copy per op.
     pub stream_slots: u32,
+    /// With streaming, a MoE matmul that routes at most this many (token,
+    /// expert) pairs copies only the experts it uses, once they are known
+    /// (patch 0005); 0 always streams whole expert tensors.
+    pub stream_routed_max: u32,
+    /// Hybrid experts (patch 0006): how many of each token's routed experts
+    /// run on the GPU, per layer and ubatch size, in layers whose experts
+    /// live in host memory; the CPU computes the others at the same time.
+    pub moe_split: Option<MoeSplitPolicy>,
     /// Most outputs (logits rows) one ubatch may request; 0 = `n_batch`.
     /// The compute buffer holds this many rows of logits, so a context that
     /// only samples each sequence's last token can set it to `n_seq_max`.
@@ -76,6 +84,8 @@ impl Default for ContextParams {
             kv_unified: true,
             offload: None,
             stream_slots: 0,
+            stream_routed_max: 0,
+            moe_split: None,
             n_outputs_max: 0,
         }
     }
@@ -92,6 +102,8 @@ impl std::fmt::Debug for ContextParams {
             .field("embeddings", &self.embeddings)
             .field("offload", &self.offload.as_ref().map(|_| "custom"))
             .field("stream_slots", &self.stream_slots)
+            .field("stream_routed_max", &self.stream_routed_max)
+            .field("moe_split", &self.moe_split.as_ref().map(|_| "custom"))
             .finish_non_exhaustive()
     }
 }
@@ -112,6 +124,7 @@ pub struct Context<'m> {
     embeddings: bool,
     // Boxed so its address stays fixed while the scheduler holds it.
     _offload: Option<Box<OffloadPolicy>>,
+    _moe_split: Option<Box<MoeSplitPolicy>>,
 }
 
 // SAFETY: a llama_context may move between threads; it is not shared (no Sync).
@@ -161,11 +174,17 @@ impl<'m> Context<'m> {
         }
         cp.no_perf = false;
         cp.n_stream_slots = params.stream_slots.min(i32::MAX as u32) as i32;
+        cp.n_stream_routed_max = params.stream_routed_max.min(i32::MAX as u32) as i32;
         cp.n_outputs_max = params.n_outputs_max;
         let offload = params.offload.clone().map(Box::new);
         if let Some(pol) = &offload {
             cp.offload_cb = Some(offload_trampoline);
             cp.offload_cb_user_data = &**pol as *const OffloadPolicy as *mut std::ffi::c_void;
+        }
+        let moe_split = params.moe_split.clone().map(Box::new);
+        if let Some(pol) = &moe_split {
+            cp.moe_split_cb = Some(moe_split_trampoline);
+            cp.moe_split_cb_user_data = &**pol as *const MoeSplitPolicy as *mut std::ffi::c_void;
         }
         // SAFETY: model is valid for 'm, which the context cannot outlive.
         let raw = unsafe { ffi::llama_init_from_model(model.as_ptr(), cp) };
@@ -186,6 +205,7 @@ impl<'m> Context<'m> {
             batch_cap,
             embeddings: params.embeddings,
             _offload: offload,
+            _moe_split: moe_split,
         })
     }
 

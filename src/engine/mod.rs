@@ -28,7 +28,9 @@ pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAtten
 pub use error::{EngineError, Result};
 pub use memory::{buffer_types, device_buffer_types, dry_run_device_bytes, BufferType, MemoryBreakdown};
 pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
-pub use placement::{stream_schedule, Offload, OffloadPolicy, OffloadQuery, OpKind, StreamStep, TensorPlacement};
+pub use placement::{
+    stream_schedule, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery, OpKind, StreamStep, TensorPlacement,
+};
 pub use sampler::{Sampler, SamplingParams};
 pub use vision::{
     encoder_peak, media_marker, Bitmap, EncodeGate, EncoderPeak, PeakImage, VisionEval, VisionOptions, VisionProjector,

@@ -13,6 +13,11 @@ pub type TensorPlacement = Arc<dyn Fn(&str) -> Option<BufferType> + Send + Sync>
 /// Decides whether an op whose weight is in host memory runs on the GPU.
 pub type OffloadPolicy = Arc<dyn Fn(&OffloadQuery<'_>) -> Offload + Send + Sync>;
 
+/// Hybrid experts (patch 0006): how many of each token's routed experts run
+/// on the GPU in `layer` for a ubatch of `n_tokens` tokens; 0 (or all of
+/// them) keeps the layer's experts together.
+pub type MoeSplitPolicy = Arc<dyn Fn(u32, u32) -> u32 + Send + Sync>;
+
 /// The kind of op asking to be offloaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpKind {
@@ -89,6 +94,19 @@ pub(crate) unsafe extern "C" fn offload_trampoline(
         Ok(Offload::Gpu) => 1,
         Ok(Offload::Cpu) => 0,
         _ => -1,
+    }
+}
+
+pub(crate) unsafe extern "C" fn moe_split_trampoline(il: i32, n_tokens: i32, user: *mut c_void) -> i32 {
+    if user.is_null() || il < 0 || n_tokens < 0 {
+        return 0;
+    }
+    // SAFETY: user points at the MoeSplitPolicy boxed inside the Context
+    // whose graphs ask it.
+    let f = &*(user as *const MoeSplitPolicy);
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(il as u32, n_tokens as u32))) {
+        Ok(n) => n.min(i32::MAX as u32) as i32,
+        Err(_) => 0,
     }
 }
 

@@ -1,12 +1,13 @@
 //! Turning a [`Plan`] into load-time placement and per-op offload decisions
 //! for the engine (patch 0002).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::{Exec, Plan};
 use crate::engine::{
-    self, BufferType, ContextParams, DeviceKind, ModelParams, Offload, OffloadPolicy, OffloadQuery, TensorPlacement,
+    self, BufferType, ContextParams, DeviceKind, ModelParams, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery,
+    TensorPlacement,
 };
 
 /// Why a plan cannot be applied on this machine.
@@ -29,6 +30,10 @@ pub struct Applied {
     pub n_ubatch: u32,
     /// Streaming slots for the context (patch 0003); 0: synchronous copies.
     pub stream_slots: u32,
+    /// Routed-expert streaming threshold, (token, expert) pairs (patch 0005).
+    pub stream_routed_max: u32,
+    /// Hybrid experts per layer and ubatch size (patch 0006), if any.
+    pub moe_split: Option<MoeSplitPolicy>,
 }
 
 impl Applied {
@@ -45,6 +50,8 @@ impl Applied {
         params.n_batch = params.n_batch.max(self.n_ubatch);
         params.offload = Some(self.offload.clone());
         params.stream_slots = self.stream_slots;
+        params.stream_routed_max = self.stream_routed_max;
+        params.moe_split = self.moe_split.clone();
         // The plan budgets one row of logits per sequence (the token each
         // samples), not a row for every token of the ubatch.
         if !params.embeddings {
@@ -67,7 +74,39 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
         .collect();
     let placement: TensorPlacement = Arc::new(move |name: &str| homes.get(name).copied().flatten());
 
-    let tiers = plan.tiers.clone();
+    let tier_of = {
+        let tiers = plan.tiers.clone();
+        move |n: u32| {
+            tiers
+                .iter()
+                .copied()
+                .find(|&t| t >= n)
+                .unwrap_or_else(|| *tiers.last().unwrap_or(&1))
+        }
+    };
+    // (tier, layer) pairs whose routed experts split between GPU and CPU.
+    let hybrid: HashSet<(u32, u32)> = plan
+        .tensors
+        .iter()
+        .filter(|t| !t.resident)
+        .flat_map(|t| {
+            t.exec
+                .iter()
+                .filter(|(_, e)| *e == Exec::Hybrid)
+                .filter_map(|&(tier, _)| Some((tier, t.layer?)))
+        })
+        .collect();
+    let gpu_experts = plan.hybrid_gpu_experts;
+    let moe_split: Option<MoeSplitPolicy> = (gpu_experts > 0 && !hybrid.is_empty()).then(|| {
+        let tier_of = tier_of.clone();
+        Arc::new(move |layer: u32, n_tokens: u32| {
+            if hybrid.contains(&(tier_of(n_tokens.max(1)), layer)) {
+                gpu_experts
+            } else {
+                0
+            }
+        }) as MoeSplitPolicy
+    });
     let execs: HashMap<String, Vec<(u32, Exec)>> = plan
         .tensors
         .iter()
@@ -78,15 +117,12 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
         let Some(per_tier) = execs.get(q.weight) else {
             return Offload::Default;
         };
-        let n = q.n_tokens.max(1) as u32;
-        let tier = tiers
-            .iter()
-            .copied()
-            .find(|&t| t >= n)
-            .unwrap_or_else(|| *tiers.last().unwrap_or(&1));
+        let tier = tier_of(q.n_tokens.max(1) as u32);
         match per_tier.iter().find(|(t, _)| *t == tier).map(|(_, e)| *e) {
             Some(Exec::Stream) => Offload::Gpu,
-            Some(Exec::Cpu) => Offload::Cpu,
+            // A hybrid layer's GPU and CPU parts are placed by the graph
+            // itself; the CPU is where its experts' weights are.
+            Some(Exec::Cpu | Exec::Hybrid) => Offload::Cpu,
             _ => Offload::Default,
         }
     });
@@ -103,5 +139,7 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
         use_mmap: !plan.pinned,
         n_ubatch: plan.ubatch,
         stream_slots: plan.stream_slots,
+        stream_routed_max: plan.stream_routed_max,
+        moe_split,
     })
 }

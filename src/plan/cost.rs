@@ -18,6 +18,10 @@ pub enum Exec {
     Stream,
     /// Weight in host RAM, op on the CPU.
     Cpu,
+    /// Routed experts in pinned host RAM, split per token (patch 0006): the
+    /// GPU copies and computes some of each token's experts while the CPU
+    /// computes the others.
+    Hybrid,
 }
 
 /// How host weights reach the GPU.
@@ -73,6 +77,13 @@ pub struct CostModel<'a> {
     /// Host weights are in pinned memory (loaded without mmap).
     pub pinned: bool,
     pub overheads: Overheads,
+    /// Ubatches of at most this many tokens stream only the routed experts
+    /// of their MoE matmuls, once known, instead of whole expert tensors
+    /// ahead of use (patch 0005); see [`CostModel::new`].
+    pub routed_max_tokens: u64,
+    /// Hybrid experts: how many of each token's routed experts the GPU
+    /// computes; `None` lets the cost model choose, `Some(0)` turns them off.
+    pub hybrid_gpu_experts: Option<u32>,
 }
 
 /// Whether a tensor is a matmul weight the planner places (as opposed to
@@ -81,7 +92,67 @@ pub fn is_placeable(t: &ModelTensor) -> bool {
     t.dims.len() >= 2 && !t.is_bias() && t.role != TensorRole::TokenEmbd && t.dims[1] > 1
 }
 
-impl CostModel<'_> {
+impl<'a> CostModel<'a> {
+    /// The cost model of `model` on `profile`. A streamed MoE matmul copies
+    /// only its routed experts in ubatches small enough that this beats
+    /// copying the whole tensor ahead of use, overlapped with compute: the
+    /// routed copy waits for the router and is not overlapped, but moves
+    /// only the experts touched.
+    pub fn new(
+        model: &'a ModelInfo,
+        profile: &'a MachineProfile,
+        streaming: Streaming,
+        pinned: bool,
+        overheads: Overheads,
+        hybrid_gpu_experts: Option<u32>,
+    ) -> CostModel<'a> {
+        let mut cm = CostModel {
+            model,
+            profile,
+            streaming,
+            pinned,
+            overheads,
+            routed_max_tokens: 0,
+            hybrid_gpu_experts,
+        };
+        cm.routed_max_tokens = cm.find_routed_max_tokens();
+        cm
+    }
+
+    fn find_routed_max_tokens(&self) -> u64 {
+        let bw = self.link_bw();
+        let Some(t) = self
+            .model
+            .tensors
+            .iter()
+            .find(|t| t.role.is_routed_expert() && t.dims.get(2).copied().unwrap_or(1) > 1)
+        else {
+            return 0;
+        };
+        if bw <= 0.0 || self.streaming == Streaming::Synchronous {
+            return 0;
+        }
+        let copy = t.nbytes as f64 / bw;
+        let mut n = 0;
+        while n < 4096 {
+            let m = n + 1;
+            let gpu = self.compute_seconds(t, m, Device::Gpu);
+            let routed = copy * self.experts_touched(m) + gpu + self.overheads.device_switch_s;
+            if routed >= copy.max(gpu) {
+                break;
+            }
+            n = m;
+        }
+        n
+    }
+
+    /// Whether a streamed op on `t` copies only its routed experts in a ubatch of `n` tokens.
+    pub fn streams_routed(&self, t: &ModelTensor, n: u64) -> bool {
+        t.role.is_routed_expert()
+            && t.dims.get(2).copied().unwrap_or(1) > 1
+            && (self.streaming == Streaming::Synchronous || n <= self.routed_max_tokens)
+    }
+
     fn link_bw(&self) -> f64 {
         match &self.profile.link {
             Some(l) if self.pinned => l.h2d_pinned,
@@ -97,37 +168,43 @@ impl CostModel<'_> {
         1.0 - (1.0 - u / e).powf(n as f64)
     }
 
-    /// Seconds of the op using `t` for a ubatch of `n` tokens when executed as `exec`.
-    pub fn op_seconds(&self, t: &ModelTensor, n: u64, exec: Exec) -> f64 {
+    /// Seconds of the matmul with weight `t` for a ubatch of `n` tokens on `device`.
+    fn compute_seconds(&self, t: &ModelTensor, n: u64, device: Device) -> f64 {
+        self.experts_seconds(t, n, device, self.model.n_expert_used.max(1) as u64)
+    }
+
+    /// [`CostModel::compute_seconds`] with `used` experts per token for an
+    /// expert tensor (a part of each token's routed experts).
+    fn experts_seconds(&self, t: &ModelTensor, n: u64, device: Device, used: u64) -> f64 {
         let (k, rows) = (t.dims[0], t.dims[1]);
         let experts = t.dims.get(2).copied().unwrap_or(1);
-        let is_expert = t.role.is_routed_expert() && experts > 1;
-        let compute = |device: Device| {
-            if is_expert {
-                self.profile.expert_seconds(
-                    device,
-                    t.ty,
-                    k,
-                    rows,
-                    (experts, self.model.n_expert_used.max(1) as u64),
-                    n,
-                )
-            } else {
-                // The output projection only runs for the tokens that need logits.
-                let n = if t.role == TensorRole::Output { 1 } else { n };
-                self.profile.matmul_seconds(device, t.ty, k, rows * experts, n, false)
-            }
-        };
+        if t.role.is_routed_expert() && experts > 1 {
+            self.profile.expert_seconds(device, t.ty, k, rows, (experts, used), n)
+        } else {
+            // The output projection only runs for the tokens that need logits.
+            let n = if t.role == TensorRole::Output { 1 } else { n };
+            self.profile.matmul_seconds(device, t.ty, k, rows * experts, n, false)
+        }
+    }
+
+    /// Seconds of the op using `t` for a ubatch of `n` tokens when executed
+    /// as `exec` (for [`Exec::Hybrid`], see [`CostModel::hybrid_seconds`]).
+    pub fn op_seconds(&self, t: &ModelTensor, n: u64, exec: Exec) -> f64 {
         match exec {
-            Exec::Resident => compute(Device::Gpu),
-            Exec::Cpu => compute(Device::Cpu),
+            Exec::Resident => self.compute_seconds(t, n, Device::Gpu),
+            Exec::Cpu => self.compute_seconds(t, n, Device::Cpu),
+            Exec::Hybrid => f64::INFINITY,
             Exec::Stream => {
                 let bw = self.link_bw();
                 if bw <= 0.0 {
                     return f64::INFINITY;
                 }
                 let copy = self.copy_seconds(t, n);
-                let gpu = compute(Device::Gpu);
+                let gpu = self.compute_seconds(t, n, Device::Gpu);
+                if self.streaming != Streaming::Synchronous && self.streams_routed(t, n) {
+                    // The copy waits for the router's ids, then the op for the copy.
+                    return copy + gpu + self.overheads.device_switch_s;
+                }
                 match self.streaming {
                     Streaming::Synchronous => copy + gpu,
                     Streaming::Overlapped => copy.max(gpu),
@@ -144,13 +221,56 @@ impl CostModel<'_> {
         if bw <= 0.0 {
             return f64::INFINITY;
         }
-        let experts = t.dims.get(2).copied().unwrap_or(1);
-        let frac = if t.role.is_routed_expert() && experts > 1 {
+        let frac = if self.streams_routed(t, n) {
             self.experts_touched(n)
         } else {
             1.0
         };
         t.nbytes as f64 * frac / bw + self.overheads.stream_issue_s
+    }
+
+    /// Seconds of one layer's routed experts (`experts`: its expert weight
+    /// tensors, all in host memory) for a ubatch of `n` tokens when the GPU
+    /// copies and computes `k` of each token's routed experts while the CPU
+    /// computes the others (patch 0006): the longer of the two parts.
+    pub fn hybrid_seconds(&self, experts: &[&ModelTensor], n: u64, k: u32) -> f64 {
+        let bw = self.link_bw();
+        if bw <= 0.0 {
+            return f64::INFINITY;
+        }
+        let used = self.model.n_expert_used.max(1) as u64;
+        let per_expert = k as f64 / self.model.n_expert.max(1) as f64;
+        let touched = 1.0 - (1.0 - per_expert).powf(n as f64);
+        // The GPU part starts once the router's ids are read; the CPU
+        // part's activations cross to the host and its sum back.
+        let mut gpu = self.overheads.device_switch_s;
+        let mut cpu = 2.0 * self.overheads.device_switch_s;
+        for t in experts {
+            gpu += t.nbytes as f64 * touched / bw
+                + self.overheads.stream_issue_s
+                + self.experts_seconds(t, n, Device::Gpu, k as u64);
+            cpu += self.experts_seconds(t, n, Device::Cpu, used.saturating_sub(k as u64).max(1));
+        }
+        gpu.max(cpu)
+    }
+
+    /// The best hybrid split of a layer's routed experts for a ubatch of `n`
+    /// tokens: how many of each token's experts the GPU computes, and the
+    /// seconds; `None` where the split does not apply (the routed copies
+    /// need streaming slots and a ubatch within `routed_max_tokens`).
+    pub fn best_hybrid(&self, experts: &[&ModelTensor], n: u64) -> Option<(u32, f64)> {
+        let used = self.model.n_expert_used;
+        if self.streaming == Streaming::Synchronous || n > self.routed_max_tokens || used < 2 || experts.is_empty() {
+            return None;
+        }
+        let ks: Vec<u32> = match self.hybrid_gpu_experts {
+            Some(0) => return None,
+            Some(k) => vec![k.clamp(1, used - 1)],
+            None => (1..used).collect(),
+        };
+        ks.into_iter()
+            .map(|k| (k, self.hybrid_seconds(experts, n, k)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
     }
 
     /// The cheaper of streaming and CPU for a host weight, judged op by op

@@ -15,8 +15,18 @@ pub struct Evaluator {
     /// Distinct ubatch sizes: the full chunk, the last partial chunk, decode.
     sizes: Vec<(u64, f64)>,
     /// Per size, per tensor: (resident seconds, best host exec, its seconds,
-    /// link seconds of a pipelined copy, priced per ubatch).
+    /// link seconds of a pipelined copy, priced per ubatch). A hybrid
+    /// layer's expert tensors each carry a third of the layer's time.
     times: Vec<Vec<(f64, Exec, f64, f64)>>,
+    /// Per size, per tensor of a hybrid layer: its best exec, seconds and
+    /// link seconds when the layer cannot split (one of its experts tensors
+    /// is resident).
+    unsplit: Vec<Vec<Option<(Exec, f64, f64)>>>,
+    /// Per tensor: the other routed-expert tensors of its layer.
+    siblings: Vec<Vec<usize>>,
+    /// Per size: how many of each token's routed experts hybrid layers run
+    /// on the GPU (0: none is hybrid).
+    hybrid_k: Vec<u32>,
     /// Per size: attention seconds summed over all chunks of that size.
     attention: Vec<f64>,
     kv_gpu_from: u32,
@@ -52,7 +62,7 @@ impl Evaluator {
             .iter()
             .map(|&i| cm.best_host_exec(&model.tensors[i], u64_).0)
             .collect();
-        let times = sizes
+        let mut times: Vec<Vec<(f64, Exec, f64, f64)>> = sizes
             .iter()
             .map(|&(n, _)| {
                 tensors
@@ -61,16 +71,54 @@ impl Evaluator {
                     .map(|(k, &i)| {
                         let t = &model.tensors[i];
                         let e = if n == 1 { cm.best_host_exec(t, 1).0 } else { exec_u[k] };
-                        let link = if e == Exec::Stream && cm.streaming == Streaming::Pipelined {
-                            cm.copy_seconds(t, n)
-                        } else {
-                            0.0
-                        };
+                        let link =
+                            if e == Exec::Stream && cm.streaming == Streaming::Pipelined && !cm.streams_routed(t, n) {
+                                cm.copy_seconds(t, n)
+                            } else {
+                                0.0
+                            };
                         (cm.op_seconds(t, n, Exec::Resident), e, cm.op_seconds(t, n, e), link)
                     })
                     .collect()
             })
             .collect();
+        // Hybrid experts: a layer whose routed-expert tensors (gate, up and
+        // down) are all in host memory may split each token's experts
+        // between the GPU and the CPU where that beats their best execs.
+        let mut siblings = vec![Vec::new(); tensors.len()];
+        let mut unsplit = vec![vec![None; tensors.len()]; sizes.len()];
+        let mut hybrid_k = vec![0; sizes.len()];
+        for l in 0..model.n_layer {
+            let group: Vec<usize> = (0..tensors.len())
+                .filter(|&k| {
+                    let t = &model.tensors[tensors[k]];
+                    t.layer == Some(l) && t.role.is_routed_expert() && t.dims.get(2).copied().unwrap_or(1) > 1
+                })
+                .collect();
+            if group.len() != 3 {
+                continue;
+            }
+            for &k in &group {
+                siblings[k] = group.iter().copied().filter(|&j| j != k).collect();
+            }
+            let weights: Vec<_> = group.iter().map(|&k| &model.tensors[tensors[k]]).collect();
+            for (si, &(n, _)) in sizes.iter().enumerate() {
+                let Some((gpu_experts, secs)) = cm.best_hybrid(&weights, n) else {
+                    continue;
+                };
+                // A share asked for is used wherever the split applies.
+                let host: f64 = group.iter().map(|&k| times[si][k].2.max(times[si][k].3)).sum();
+                if secs >= host && cm.hybrid_gpu_experts.is_none() {
+                    continue;
+                }
+                hybrid_k[si] = gpu_experts;
+                for &k in &group {
+                    let (r, e, h, link) = times[si][k];
+                    unsplit[si][k] = Some((e, h, link));
+                    times[si][k] = (r, Exec::Hybrid, secs / group.len() as f64, 0.0);
+                }
+            }
+        }
         // Attention: prompt chunks at increasing depth, decode at the prompt's depth.
         let attention = sizes
             .iter()
@@ -107,6 +155,9 @@ impl Evaluator {
             tensors,
             sizes,
             times,
+            unsplit,
+            siblings,
+            hybrid_k,
             attention,
             kv_gpu_from,
             switch_s: cm.overheads.device_switch_s,
@@ -115,18 +166,45 @@ impl Evaluator {
         }
     }
 
-    /// How the op of placeable tensor `k` (an index into `self.tensors`) runs at size index `si`.
-    pub fn exec(&self, k: usize, si: usize, resident: bool) -> Exec {
-        if resident {
-            Exec::Resident
-        } else {
-            self.times[si][k].1
+    /// The host exec of tensor `k` at size index `si`, its seconds and
+    /// pipelined link seconds, given which tensors are resident: a hybrid
+    /// layer only splits when all its expert tensors are in host memory.
+    fn host_time(&self, k: usize, si: usize, resident: &[bool]) -> (Exec, f64, f64) {
+        let (_, e, h, l) = self.times[si][k];
+        match self.unsplit[si][k] {
+            Some(alone) if self.siblings[k].iter().any(|&j| resident[j]) => alone,
+            _ => (e, h, l),
         }
     }
 
-    /// Whether a non-resident tensor `k` streams to the GPU in some tier.
+    /// How the op of placeable tensor `k` (an index into `self.tensors`) runs at size index `si`.
+    pub fn exec(&self, k: usize, si: usize, resident: &[bool]) -> Exec {
+        if resident[k] {
+            Exec::Resident
+        } else {
+            self.host_time(k, si, resident).0
+        }
+    }
+
+    /// Whether a non-resident tensor `k` goes through the streaming slots in
+    /// some tier (streamed, or the GPU part of hybrid experts).
     pub fn streams(&self, k: usize) -> bool {
-        self.times.iter().any(|t| t[k].1 == Exec::Stream)
+        (0..self.times.len()).any(|si| {
+            matches!(self.times[si][k].1, Exec::Stream | Exec::Hybrid)
+                || self.unsplit[si][k].is_some_and(|u| u.0 == Exec::Stream)
+        })
+    }
+
+    /// How many of each token's routed experts hybrid layers run on the GPU
+    /// in decode under `resident`; 0 if no layer is hybrid.
+    pub fn hybrid_gpu_experts(&self, resident: &[bool]) -> u32 {
+        let si = self.sizes.len() - 1;
+        let hybrid = (0..self.tensors.len()).any(|k| self.exec(k, si, resident) == Exec::Hybrid);
+        if hybrid {
+            self.hybrid_k[si]
+        } else {
+            0
+        }
     }
 
     /// Seconds one ubatch of size index `si` takes under `resident`
@@ -162,14 +240,15 @@ impl Evaluator {
                 }
                 attn_visited = true;
             }
-            let (r, e, h, l) = self.times[si][k];
             if res {
-                total += r;
+                total += self.times[si][k].0;
                 visit(true);
             } else {
+                let (e, h, l) = self.host_time(k, si, resident);
                 total += h;
                 link += l;
-                visit(e != Exec::Cpu);
+                // The CPU part of hybrid experts comes between GPU work, like an op on the CPU.
+                visit(!matches!(e, Exec::Cpu | Exec::Hybrid));
             }
         }
         (total + switches as f64 * self.switch_s, link)
@@ -224,7 +303,7 @@ impl Evaluator {
     }
 
     /// The exec of tensor `k` for a tier (the size the tier covers).
-    pub fn tier_exec(&self, k: usize, tier: u32, resident: bool) -> Exec {
+    pub fn tier_exec(&self, k: usize, tier: u32, resident: &[bool]) -> Exec {
         let si = self
             .sizes
             .iter()

@@ -85,6 +85,10 @@ pub struct PlanRequest {
     /// ([`runtime::make_measured_plan`]); 1.0 uses the estimate as is.
     pub compute_scale: f64,
     pub overheads: Overheads,
+    /// Hybrid experts: how many of each token's routed experts the GPU
+    /// computes in MoE layers whose experts stay in host memory; `None`
+    /// lets the cost model choose, `Some(0)` turns the split off.
+    pub hybrid_gpu_experts: Option<u32>,
 }
 
 /// Two slots let one split's copy overlap the previous split's compute; a
@@ -114,6 +118,7 @@ impl PlanRequest {
             vision_peak: 0,
             compute_scale: 1.0,
             overheads: Overheads::default(),
+            hybrid_gpu_experts: None,
         }
     }
 }
@@ -200,6 +205,15 @@ pub struct Plan {
     /// Rotating device slots for streamed weights; 0 with synchronous streaming.
     #[serde(default)]
     pub stream_slots: u32,
+    /// A streamed MoE matmul routing at most this many (token, expert) pairs
+    /// copies only the experts it uses (patch 0005); 0: whole tensors.
+    #[serde(default)]
+    pub stream_routed_max: u32,
+    /// Hybrid experts in the decode tier (patch 0006): how many of each
+    /// token's routed experts the GPU computes in layers whose expert
+    /// tensors run [`Exec::Hybrid`]; 0 if none does.
+    #[serde(default)]
+    pub hybrid_gpu_experts: u32,
     pub pinned: bool,
     pub vram: VramBreakdown,
     pub predicted: Prediction,
@@ -223,6 +237,7 @@ impl Plan {
                 *e = Exec::Stream;
             }
         }
+        self.hybrid_gpu_experts = 0;
         self.kv_gpu_layers = self.n_layer;
     }
 

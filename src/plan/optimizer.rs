@@ -38,13 +38,14 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
         return Err(PlanError::NoGpuProfile);
     }
     let streaming = req.streaming();
-    let cm = CostModel {
+    let cm = CostModel::new(
         model,
         profile,
         streaming,
-        pinned: req.pinned,
-        overheads: req.overheads,
-    };
+        req.pinned,
+        req.overheads,
+        req.hybrid_gpu_experts,
+    );
     let small_bytes = small_bytes(model);
     // Streamed weights held in the compute buffer: with synchronous copies
     // the scheduler copies a layer's streamed weights there; with overlapped
@@ -162,7 +163,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                         bytes: t.nbytes,
                         vram_bytes: sizes[k],
                         resident: resident[k],
-                        exec: tiers.iter().map(|&n| (n, ev.tier_exec(k, n, resident[k]))).collect(),
+                        exec: tiers.iter().map(|&n| (n, ev.tier_exec(k, n, &resident))).collect(),
                     }
                 })
                 .collect();
@@ -180,6 +181,12 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 } else {
                     req.stream_slots
                 },
+                stream_routed_max: if streaming == Streaming::Synchronous {
+                    0
+                } else {
+                    (cm.routed_max_tokens * model.n_expert_used as u64).min(u32::MAX as u64) as u32
+                },
+                hybrid_gpu_experts: ev.hybrid_gpu_experts(&resident),
                 pinned: req.pinned,
                 vram: VramBreakdown {
                     weights,

@@ -17,6 +17,7 @@ fn exec_name(e: Exec) -> &'static str {
         Exec::Resident => "gpu",
         Exec::Stream => "stream",
         Exec::Cpu => "cpu",
+        Exec::Hybrid => "hybrid",
     }
 }
 
@@ -81,6 +82,20 @@ fn table(plan: &Plan) -> String {
         plan.streaming,
         if plan.pinned { "pinned" } else { "pageable" }
     );
+    if plan.hybrid_gpu_experts > 0 {
+        let _ = writeln!(
+            s,
+            "hybrid experts: in decode, the GPU copies and computes {} of each token's routed experts in the layers marked hybrid, while the CPU computes the others",
+            plan.hybrid_gpu_experts
+        );
+    }
+    if plan.stream_routed_max > 0 {
+        let _ = writeln!(
+            s,
+            "routed streaming: expert matmuls with at most {} (token, expert) pairs copy only the experts they use",
+            plan.stream_routed_max
+        );
+    }
     let _ = writeln!(s);
     // Group identical layer layouts so the table stays short.
     let _ = writeln!(

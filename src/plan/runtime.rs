@@ -103,6 +103,8 @@ pub struct PlanSource {
     pub profile: Option<PathBuf>,
     /// Streaming slots (0: llama.cpp's synchronous copies).
     pub stream_slots: u32,
+    /// Hybrid experts' GPU share ([`PlanRequest::hybrid_gpu_experts`]).
+    pub hybrid_gpu_experts: Option<u32>,
     /// The vision encoder's device memory; the plan budgets the larger of
     /// its peak and the language model's compute peak, not their sum.
     pub vision: VisionMemory,
@@ -236,6 +238,7 @@ pub fn budget_plan(
         gen_tokens: 64,
     };
     req.stream_slots = source.stream_slots;
+    req.hybrid_gpu_experts = source.hybrid_gpu_experts;
     req.vision_peak = source.vision.peak;
     req.reserve += source.vision.resident;
     let plan = make_measured_plan(model, info, profile, req.clone())?;

@@ -143,29 +143,34 @@ impl Sweep<'_> {
         Ok(())
     }
 
-    /// Q4_0 expert matmuls (MUL_MAT_ID) at each batch size.
+    /// Q4_0 expert matmuls (MUL_MAT_ID) at each batch size; for single
+    /// tokens also with half the experts per token, which shows the op's
+    /// fixed cost (hybrid experts give each device part of a token's experts).
     fn experts(&self, tokens: &[i64], out: &mut Vec<MatmulSample>, step: &mut dyn FnMut()) -> Result<(), ProfileError> {
         let (k, n, e, u) = self.plan.expert_shape;
         for &t in tokens {
-            let seconds = opbench::time_mul_mat_id(
-                self.backend,
-                GgmlType::Q4_0.id() as ffi::ggml_type,
-                k,
-                n,
-                (e, u),
-                t,
-                self.plan.min_time,
-            )?;
-            out.push(MatmulSample {
-                device: self.device,
-                ty: "q4_0".into(),
-                k,
-                n,
-                tokens: t,
-                experts: Some((e, u)),
-                link_busy: false,
-                seconds,
-            });
+            let used: &[i64] = if t == 1 && u > 1 { &[u, u / 2] } else { &[u] };
+            for &u in used {
+                let seconds = opbench::time_mul_mat_id(
+                    self.backend,
+                    GgmlType::Q4_0.id() as ffi::ggml_type,
+                    k,
+                    n,
+                    (e, u),
+                    t,
+                    self.plan.min_time,
+                )?;
+                out.push(MatmulSample {
+                    device: self.device,
+                    ty: "q4_0".into(),
+                    k,
+                    n,
+                    tokens: t,
+                    experts: Some((e, u)),
+                    link_busy: false,
+                    seconds,
+                });
+            }
             step();
         }
         Ok(())

@@ -291,14 +291,28 @@ impl MachineProfile {
                 .filter(|s| s.ty == name)
                 .min_by(|a, b| closer_in_batch(a.tokens, b.tokens, tokens))
         });
+        // Work = distinct experts touched x expert size x tokens per expert.
+        let touched = |e: f64, u: f64, t: f64| e * (1.0 - (1.0 - u / e).powf(t));
+        let work = |s: &MatmulSample| {
+            let (se, su) = s.experts.unwrap_or((1, 1));
+            touched(se as f64, su as f64, s.tokens as f64) * (s.k * s.n) as f64
+        };
         match best {
             Some(s) => {
-                let (se, su) = s.experts.unwrap_or((1, 1));
-                // Work = distinct experts touched x expert size x tokens per expert.
-                let touched = |e: f64, u: f64, t: f64| e * (1.0 - (1.0 - u / e).powf(t));
-                let w_s = touched(se as f64, su as f64, s.tokens as f64) * (s.k * s.n) as f64;
                 let w = touched(n_expert as f64, n_used as f64, tokens as f64) * (k * n) as f64;
-                let mut t = s.seconds * w / w_s;
+                // Two samples of this batch with different work give the
+                // op's fixed cost too: seconds = fixed + per-work x work.
+                let other = samples
+                    .iter()
+                    .find(|o| o.ty == s.ty && o.tokens == s.tokens && (work(o) - work(s)).abs() > 0.1 * work(s));
+                if let Some(o) = other {
+                    let slope = (s.seconds - o.seconds) / (work(s) - work(o));
+                    if slope > 0.0 && tokens as i64 == s.tokens {
+                        let fixed = (o.seconds - slope * work(o)).max(0.0);
+                        return fixed + slope * w;
+                    }
+                }
+                let mut t = s.seconds * w / work(s);
                 if tokens as i64 > s.tokens {
                     t *= tokens as f64 / s.tokens as f64;
                 }
@@ -448,6 +462,25 @@ mod tests {
         assert!(p
             .matmul_seconds(Device::Gpu, GgmlType::Q4_0, 1, 1, 1, false)
             .is_infinite());
+    }
+
+    #[test]
+    fn two_expert_counts_give_the_fixed_cost_of_an_expert_matmul() {
+        let expert = |used: i64, seconds: f64| MatmulSample {
+            experts: Some((128, used)),
+            ..sample(Device::Cpu, "q4_0", 1, seconds)
+        };
+        let mut p = profile();
+        p.matmul.push(expert(8, 125e-6));
+        let t = |p: &MachineProfile, used| p.expert_seconds(Device::Cpu, GgmlType::Q4_0, 1024, 1024, (128, used), 1);
+        // One sample: proportional to the experts used.
+        assert!((t(&p, 2) - 125e-6 / 4.0).abs() < 1e-12, "{}", t(&p, 2));
+        // With half the experts measured too: 15 us fixed + 13.75 us per expert.
+        p.matmul.push(expert(4, 70e-6));
+        p.make_monotone();
+        for (used, want) in [(2, 42.5e-6), (4, 70e-6), (8, 125e-6)] {
+            assert!((t(&p, used) - want).abs() < 1e-9, "{used}: {}", t(&p, used));
+        }
     }
 
     #[test]

@@ -355,7 +355,7 @@ pub fn help_text() -> String {
          --vram-budget BYTES     VRAM budget, e.g. 6GiB (env PIPESHARD_VRAM_BUDGET)\n  \
          --profile FILE          machine profile (env PIPESHARD_PROFILE)\n  \
          --plan FILE             placement plan (env PIPESHARD_PLAN)\n  \
-         --stream-slots N        device slots for streamed weights, 0-8, default 2 (env PIPESHARD_STREAM_SLOTS)\n  \
+         --stream-slots N        device slots for streamed weights, 0-8, default 4 (env PIPESHARD_STREAM_SLOTS)\n  \
          --backend-dir DIR       ggml backend modules (env PIPESHARD_BACKEND_DIR)\n  \
          --max-body-size BYTES   largest request body, default 64MiB (env PIPESHARD_MAX_BODY_SIZE)\n  \
          --media-dir DIR         let image_url name local files under DIR (env PIPESHARD_MEDIA_DIR)\n\n\

@@ -131,6 +131,7 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         budget: config.vram_budget,
         profile: config.profile.clone(),
         stream_slots: config.stream_slots,
+        hybrid_gpu_experts: None,
         vision: vision.unwrap_or_default(),
         // The vision worker and the embedder each have a context of one
         // slot's length beside the slots' own.
@@ -177,9 +178,8 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         type_v: config.cache_type_v.as_deref().and_then(kv_type),
         kv_unified: config.kv_unified,
         n_ubatch: config.n_ubatch,
-        offload: None,
-        stream_slots: 0,
         n_outputs_max: 0,
+        ..ContextParams::default()
     };
     if let Some((_, applied)) = &planned {
         applied.configure_context(&mut cparams);
