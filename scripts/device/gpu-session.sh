@@ -501,5 +501,19 @@ x6() {
     one r2-4g-b r2 4GiB pipeshard
 }
 
+# h2 (H100): the profile re-measured as on the H200 in x6, and R1/R2 with it
+# (hybrid experts for R2), against upstream's R2 rows.
+h2() {
+    xprep
+    lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
+    xprofile
+    one r2-4g r2 4GiB pipeshard
+    one r2-4g-b r2 4GiB pipeshard
+    one r1-2g r1 2GiB pipeshard
+    one r1-2g-b r1 2GiB pipeshard
+    one r2-fit r2 4GiB fit
+    one r2-attn r2 4GiB attn-gpu
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results

@@ -19,7 +19,7 @@ pub struct Evaluator {
     /// layer's expert tensors each carry a third of the layer's time.
     times: Vec<Vec<(f64, Exec, f64, f64)>>,
     /// Per size, per tensor of a hybrid layer: its best exec, seconds and
-    /// link seconds when the layer cannot split (one of its experts tensors
+    /// link seconds when the layer cannot split (one of its expert tensors
     /// is resident).
     unsplit: Vec<Vec<Option<(Exec, f64, f64)>>>,
     /// Per tensor: the other routed-expert tensors of its layer.
