@@ -429,6 +429,15 @@ xplans() { # the R2 and R1 plans of $RES/profile.yaml at their reference budgets
     $P plan -m "$W/r1.gguf" --vram-budget 2GiB -c 4352 --profile "$RES/profile.yaml" > "$RES/plan-r1-2g.txt" 2>&1; sed -n 3,5p "$RES/plan-r1-2g.txt"
 }
 
+xreference() { # R2 and R1 at their reference budgets twice each, and upstream's R2 rows
+    one r2-4g r2 4GiB pipeshard
+    one r2-4g-b r2 4GiB pipeshard
+    one r1-2g r1 2GiB pipeshard
+    one r1-2g-b r1 2GiB pipeshard
+    one r2-fit r2 4GiB fit
+    one r2-attn r2 4GiB attn-gpu
+}
+
 # x2: the profile re-measured (expert matmuls over 4 layers with fresh
 # routing per repetition; it crashed, see x3, and the committed profile was
 # used), forced GPU shares, upstream's R2 rows, and R2's plan against full GPU.
@@ -477,12 +486,7 @@ x5() {
     cp profiles/intel-r-xeon-r-processor__nvidia-h200__t16.yaml "$RES/profile.yaml"
     $P plan -m "$W/r2.gguf" --vram-budget 4GiB -c 4352 --profile "$RES/profile.yaml" > "$RES/plan-r2-4g.txt" 2>&1; sed -n 3,5p "$RES/plan-r2-4g.txt"
     one r2-4g-warm r2 4GiB pipeshard
-    one r2-4g r2 4GiB pipeshard
-    one r2-4g-b r2 4GiB pipeshard
-    one r1-2g r1 2GiB pipeshard
-    one r1-2g-b r1 2GiB pipeshard
-    one r2-fit r2 4GiB fit
-    one r2-attn r2 4GiB attn-gpu
+    xreference
     one r1-4g r1 4GiB pipeshard
     one r1-6g r1 6GiB pipeshard
     one r2-8g r2 8GiB pipeshard
@@ -507,12 +511,7 @@ h2() {
     xprep
     lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
     xprofile
-    one r2-4g r2 4GiB pipeshard
-    one r2-4g-b r2 4GiB pipeshard
-    one r1-2g r1 2GiB pipeshard
-    one r1-2g-b r1 2GiB pipeshard
-    one r2-fit r2 4GiB fit
-    one r2-attn r2 4GiB attn-gpu
+    xreference
 }
 
 "$@"

@@ -126,6 +126,14 @@ fn new_ctx(n_tensors: usize) -> Result<NonNull<ffi::ggml_context>> {
     }
 }
 
+/// The next value of a xorshift64 generator (benchmark data, not statistics).
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
 /// Fill a tensor with small random values, quantized to its type. A block
 /// of up to 1 Mi random values is converted once and tiled over the tensor:
 /// speed does not depend on the values, and generating hundreds of millions
@@ -141,12 +149,7 @@ fn fill_random(t: *mut ffi::ggml_tensor, seed: u64) {
         let n = (ne0 * rows) as usize;
         let mut s = seed | 1;
         let src: Vec<f32> = (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
-            })
+            .map(|_| ((xorshift(&mut s) >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1)
             .collect();
         let row_bytes = ffi::ggml_row_size(ty, ne0);
         let block_len = row_bytes * rows as usize;
@@ -308,16 +311,10 @@ pub fn time_mul_mat_id(
             // Each token routes to n_used distinct experts of one layer's n_expert.
             idv.clear();
             for _ in 0..tokens {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                let layer = ((s >> 32) % EXPERT_LAYERS as u64) as i32 * n_expert as i32;
+                let layer = ((xorshift(&mut s) >> 32) % EXPERT_LAYERS as u64) as i32 * n_expert as i32;
                 let first = idv.len();
                 while idv.len() - first < n_used as usize {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    let e = layer + (s % n_expert as u64) as i32;
+                    let e = layer + (xorshift(&mut s) % n_expert as u64) as i32;
                     if !idv[first..].contains(&e) {
                         idv.push(e);
                     }

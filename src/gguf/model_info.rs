@@ -205,6 +205,12 @@ impl ModelTensor {
     pub fn is_bias(&self) -> bool {
         self.name.ends_with(".bias")
     }
+
+    /// Whether this holds a layer's routed experts, one matrix per expert
+    /// (what a MoE matmul, MUL_MAT_ID, selects from).
+    pub fn holds_routed_experts(&self) -> bool {
+        self.role.is_routed_expert() && self.dims.get(2).copied().unwrap_or(1) > 1
+    }
 }
 
 /// Hyper-parameters and classified tensors of a model stored in GGUF.

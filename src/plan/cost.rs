@@ -121,12 +121,7 @@ impl<'a> CostModel<'a> {
 
     fn find_routed_max_tokens(&self) -> u64 {
         let bw = self.link_bw();
-        let Some(t) = self
-            .model
-            .tensors
-            .iter()
-            .find(|t| t.role.is_routed_expert() && t.dims.get(2).copied().unwrap_or(1) > 1)
-        else {
+        let Some(t) = self.model.tensors.iter().find(|t| t.holds_routed_experts()) else {
             return 0;
         };
         if bw <= 0.0 || self.streaming == Streaming::Synchronous {
@@ -148,9 +143,7 @@ impl<'a> CostModel<'a> {
 
     /// Whether a streamed op on `t` copies only its routed experts in a ubatch of `n` tokens.
     pub fn streams_routed(&self, t: &ModelTensor, n: u64) -> bool {
-        t.role.is_routed_expert()
-            && t.dims.get(2).copied().unwrap_or(1) > 1
-            && (self.streaming == Streaming::Synchronous || n <= self.routed_max_tokens)
+        t.holds_routed_experts() && (self.streaming == Streaming::Synchronous || n <= self.routed_max_tokens)
     }
 
     fn link_bw(&self) -> f64 {
@@ -178,7 +171,7 @@ impl<'a> CostModel<'a> {
     fn experts_seconds(&self, t: &ModelTensor, n: u64, device: Device, used: u64) -> f64 {
         let (k, rows) = (t.dims[0], t.dims[1]);
         let experts = t.dims.get(2).copied().unwrap_or(1);
-        if t.role.is_routed_expert() && experts > 1 {
+        if t.holds_routed_experts() {
             self.profile.expert_seconds(device, t.ty, k, rows, (experts, used), n)
         } else {
             // The output projection only runs for the tokens that need logits.

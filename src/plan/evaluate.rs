@@ -92,7 +92,7 @@ impl Evaluator {
             let group: Vec<usize> = (0..tensors.len())
                 .filter(|&k| {
                     let t = &model.tensors[tensors[k]];
-                    t.layer == Some(l) && t.role.is_routed_expert() && t.dims.get(2).copied().unwrap_or(1) > 1
+                    t.layer == Some(l) && t.holds_routed_experts()
                 })
                 .collect();
             if group.len() != 3 {

@@ -181,11 +181,8 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 } else {
                     req.stream_slots
                 },
-                stream_routed_max: if streaming == Streaming::Synchronous {
-                    0
-                } else {
-                    (cm.routed_max_tokens * model.n_expert_used as u64).min(u32::MAX as u64) as u32
-                },
+                // 0 with synchronous copies (routed_max_tokens is 0 then).
+                stream_routed_max: (cm.routed_max_tokens * model.n_expert_used as u64).min(u32::MAX as u64) as u32,
                 hybrid_gpu_experts: ev.hybrid_gpu_experts(&resident),
                 pinned: req.pinned,
                 vram: VramBreakdown {
