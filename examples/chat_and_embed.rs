@@ -24,6 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         n_predict: 32,
         sampling: SamplingParams::greedy(),
         stop: vec![],
+        ignore_eos: false,
     };
     println!("assistant: {}", generate(&mut ctx, &req, |_| true)?.text);
 

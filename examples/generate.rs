@@ -25,6 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         n_predict: 64,
         sampling: SamplingParams::greedy(),
         stop: vec![],
+        ignore_eos: false,
     };
     let out = generate(&mut ctx, &req, |piece| {
         print!("{piece}");

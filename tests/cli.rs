@@ -185,3 +185,97 @@ fn bad_arguments_fail_cleanly() {
     let out = pipeshard(&["run", "-m", model.to_str().unwrap(), "-p", "x", "--top-p", "7"]);
     assert_clean_failure(&out, "top_p");
 }
+
+#[test]
+fn run_with_a_draft_model_prints_the_same_text_and_its_speculation() {
+    let model = common::default_model_path();
+    let m = model.to_str().unwrap();
+    let args = [
+        "run",
+        "-m",
+        m,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "16",
+        "-t",
+        "2",
+        "--json",
+    ];
+    let plain = pipeshard(&args);
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    let mut with_draft = args.to_vec();
+    with_draft.extend(["-md", m, "--spec-draft-n-max", "4"]);
+    let spec = pipeshard(&with_draft);
+    let stderr = String::from_utf8_lossy(&spec.stderr);
+    assert!(spec.status.success(), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&spec.stdout),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    let json_line = stderr.lines().rev().find(|l| l.starts_with('{')).expect("a JSON line");
+    let v: serde_json::Value = serde_json::from_str(json_line).unwrap();
+    let s = &v["speculation"];
+    assert!(s["steps"].as_u64().unwrap() > 0, "{s}");
+    assert!(s["drafted"].as_u64().unwrap() >= s["accepted"].as_u64().unwrap());
+}
+
+#[test]
+fn bad_draft_arguments_fail_cleanly() {
+    let model = common::default_model_path();
+    let m = model.to_str().unwrap();
+    let out = pipeshard(&["run", "-m", m, "-md", m, "--spec-draft-ngl", "lots"]);
+    assert_clean_failure(&out, "spec-draft-ngl");
+    let out = pipeshard(&["run", "-m", m, "-p", "x", "-n", "2", "-md", "/nonexistent/draft.gguf"]);
+    assert_clean_failure(&out, "draft");
+    // clap's own usage errors exit with 2.
+    let out = pipeshard(&[
+        "plan",
+        "--arch",
+        "llama3.1-8b",
+        "--vram-budget",
+        "2GiB",
+        "--draft-acceptance",
+        "1.5",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("probability"));
+}
+
+#[test]
+fn plan_with_a_draft_shows_the_verification_tier_or_drops_the_draft() {
+    let dir = common::scratch_dir("cli-plan-draft");
+    let draft = common::synth_tiny_model(&dir, "tiny-llama3.2-1b", pipeshard::synth::Quant::Q4_0);
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpu-machine-profile.yaml");
+    let plan = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--arch",
+            "llama3.1-8b",
+            "--vram-budget",
+            "4GiB",
+            "--profile",
+            fixture.to_str().unwrap(),
+            "-md",
+            draft.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let out = pipeshard(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Forced on the GPU with a sure draft: a tier of draft + 1 tokens.
+    let forced = plan(&[
+        "--spec-draft-ngl",
+        "all",
+        "--spec-draft-n-max",
+        "7",
+        "--draft-acceptance",
+        "0.9",
+    ]);
+    assert!(forced.contains("tiers [1, 8, "), "{forced}");
+    assert!(forced.contains("speculative decoding"), "{forced}");
+    // A draft that is never right does not pay: the plan leaves it out.
+    let never = plan(&["--draft-acceptance", "0"]);
+    assert!(!never.contains("speculative decoding"), "{never}");
+}

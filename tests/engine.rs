@@ -25,6 +25,7 @@ fn greedy(model: &Model, prompt: &str, n: usize) -> (Vec<Token>, String) {
         n_predict: n,
         sampling: SamplingParams::greedy(),
         stop: vec![],
+        ignore_eos: false,
     };
     let mut streamed = String::new();
     let out = generate(&mut ctx, &req, |p| {
@@ -99,6 +100,7 @@ fn seeded_sampling_is_reproducible() {
                 ..Default::default()
             },
             stop: vec![],
+            ignore_eos: false,
         };
         generate(&mut ctx, &req, |_| true).unwrap().tokens
     };
@@ -122,6 +124,7 @@ fn flash_attention_does_not_change_greedy_tokens() {
             n_predict: 16,
             sampling: SamplingParams::greedy(),
             stop: vec![],
+            ignore_eos: false,
         };
         generate(&mut ctx, &req, |_| true).unwrap().tokens
     };
@@ -202,6 +205,7 @@ fn chat_generation_stops_at_end_of_turn() {
         n_predict: 64,
         sampling: SamplingParams::greedy(),
         stop: vec![],
+        ignore_eos: false,
     };
     let out = generate(&mut ctx, &req, |_| true).unwrap();
     assert_eq!(out.stats.stop, StopReason::Eos, "{:?}", out.text);

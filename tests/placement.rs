@@ -73,6 +73,7 @@ fn offload_callback_sees_each_weight_op_with_its_tier() {
         n_predict: 4,
         sampling: SamplingParams::greedy(),
         stop: vec![],
+        ignore_eos: false,
     };
     let with_policy = generate(&mut ctx, &req, |_| true).unwrap();
     let calls = calls.lock().unwrap().clone();
@@ -232,6 +233,7 @@ fn stream_slots_without_a_gpu_change_nothing() {
         n_predict: 8,
         sampling: SamplingParams::greedy(),
         stop: vec![],
+        ignore_eos: false,
     };
     let mut plain = Context::new(&model, params.clone()).unwrap();
     let a = generate(&mut plain, &req, |_| true).unwrap();
@@ -263,6 +265,7 @@ fn hybrid_experts_without_a_gpu_change_nothing() {
         n_predict: 8,
         sampling: SamplingParams::greedy(),
         stop: vec![],
+        ignore_eos: false,
     };
     let mut plain = Context::new(&model, params.clone()).unwrap();
     let a = generate(&mut plain, &req, |_| true).unwrap();

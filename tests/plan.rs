@@ -26,10 +26,6 @@ fn shapes() -> Vec<(&'static str, ModelInfo)> {
         .collect()
 }
 
-fn objective(p: &plan::Plan) -> f64 {
-    p.predicted.ttft_s + p.workload.gen_tokens as f64 / p.predicted.decode_tok_s
-}
-
 #[test]
 fn real_shapes_are_what_the_presets_say() {
     let shapes = shapes();
@@ -98,7 +94,7 @@ fn plans_stay_within_budget_and_more_budget_is_never_slower() {
                 "{name} at {budget_gib} GiB uses {}",
                 p.vram.total
             );
-            let obj = objective(&p);
+            let obj = p.predicted_seconds();
             assert!(obj.is_finite() && obj > 0.0);
             if let Some(prev) = last {
                 assert!(
@@ -222,7 +218,10 @@ fn synchronous_streaming_needs_no_slots_and_counts_copies_in_compute() {
         assert!(over.vram.total <= 4 * GIB);
         assert!(over.vram.stream_overhead > 0 && over.vram.stream_slots > 0);
         // Overlapping copies with compute can only predict faster.
-        assert!(objective(&over) <= objective(&sync) + 1e-9, "{slots} slots");
+        assert!(
+            over.predicted_seconds() <= sync.predicted_seconds() + 1e-9,
+            "{slots} slots"
+        );
     }
 }
 
@@ -398,4 +397,90 @@ fn plans_saved_before_hybrid_experts_still_load() {
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!((loaded.hybrid_gpu_experts, loaded.stream_routed_max), (0, 0));
     assert_eq!(loaded.tensors, p.tensors);
+}
+
+/// R1 with speculative decoding: a draft of 7 tokens per step.
+fn speculative_request(budget: u64, acceptance: f64) -> PlanRequest {
+    let mut req = PlanRequest::new(budget, 8192);
+    req.workload.speculation = Some(plan::Speculation {
+        draft_tokens: 7,
+        acceptance,
+        draft_token_s: 0.002,
+        draft_prompt_s: 0.05,
+        draft_on_gpu: true,
+    });
+    req
+}
+
+#[test]
+fn speculation_adds_a_verification_tier_with_its_own_decisions() {
+    let profile = fixture();
+    let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let p = plan::make_plan(&info, &profile, &speculative_request(2 * GIB, 0.7)).unwrap();
+    assert_eq!(p.tiers, vec![1, 8, p.ubatch]);
+    assert_eq!(p.tier_for(1), 1);
+    assert_eq!(p.tier_for(3), 8);
+    assert_eq!(p.tier_for(9), p.ubatch);
+    for t in &p.tensors {
+        let tiers: Vec<u32> = t.exec.iter().map(|(n, _)| *n).collect();
+        assert_eq!(tiers, p.tiers, "{}", t.name);
+    }
+    // A host FFN weight computed on the CPU for one token is worth
+    // streaming for eight: a verification batch is priced, not lumped in
+    // with decode or prefill.
+    let exec = |t: &plan::PlannedTensor, n: u32| t.exec.iter().find(|(m, _)| *m == n).map(|x| x.1);
+    assert!(
+        p.tensors
+            .iter()
+            .any(|t| !t.resident && exec(t, 1) == Some(Exec::Cpu) && exec(t, 8) == Some(Exec::Stream)),
+        "no weight changes exec between decode and verification"
+    );
+    let s = p.predicted.speculation.expect("a speculative prediction");
+    let w = p.workload.speculation.unwrap();
+    assert!((s.step_s - (s.verify_s + 7.0 * 0.002)).abs() < 1e-9);
+    assert!((s.tokens_per_step - (1.0 - 0.7f64.powi(8)) / 0.3).abs() < 1e-9);
+    let per_token = w.draft_prompt_s / 64.0 + s.step_s / s.tokens_per_step;
+    assert!((p.predicted.decode_tok_s - 1.0 / per_token).abs() < 1e-6 * p.predicted.decode_tok_s);
+    // The same plan without the draft: the single-token figure it reports.
+    let mut plain = p.clone();
+    plain.workload.speculation = None;
+    let cm = plan::CostModel::new(&info, &profile, p.streaming, p.pinned, Default::default(), None);
+    let alone = plan::predict(&info, &cm, &plain);
+    assert!((alone.decode_tok_s - s.plain_decode_tok_s).abs() < 1e-6 * alone.decode_tok_s);
+    assert!(p.vram.total <= 2 * GIB);
+}
+
+#[test]
+fn better_acceptance_never_predicts_slower_and_none_costs_more_than_no_draft() {
+    let profile = fixture();
+    let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let mut last = 0.0;
+    for a in [0.0, 0.3, 0.6, 0.8, 1.0] {
+        let p = plan::make_plan(&info, &profile, &speculative_request(4 * GIB, a)).unwrap();
+        assert!(
+            p.predicted.decode_tok_s >= last,
+            "acceptance {a}: {} tok/s after {last}",
+            p.predicted.decode_tok_s
+        );
+        last = p.predicted.decode_tok_s;
+        if a == 0.0 {
+            let s = p.predicted.speculation.unwrap();
+            assert!(p.predicted.decode_tok_s < s.plain_decode_tok_s);
+        }
+    }
+}
+
+#[test]
+fn speculative_plans_round_trip_and_older_plans_have_none() {
+    let profile = fixture();
+    let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let p = plan::make_plan(&info, &profile, &speculative_request(4 * GIB, 0.7)).unwrap();
+    let yaml = plan::render(&p, plan::Format::Yaml);
+    let back: plan::Plan = serde_yaml::from_str(&yaml).unwrap();
+    assert_eq!(back, p);
+    let table = plan::render(&p, plan::Format::Table);
+    assert!(table.contains("speculative decoding"), "{table}");
+    assert!(table.contains("n=8"), "{table}");
+    let plain = plan::make_plan(&info, &profile, &PlanRequest::new(4 * GIB, 8192)).unwrap();
+    assert!(!plan::render(&plain, plan::Format::Yaml).contains("speculation"));
 }

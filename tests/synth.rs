@@ -171,6 +171,7 @@ fn check_runs(preset: &presets::ArchPreset, quant: Quant, path: &Path) {
         n_predict: GEN_TOKENS,
         sampling: SamplingParams::greedy(),
         stop: vec![],
+        ignore_eos: false,
     };
     let mut streamed = String::new();
     let out = generate(&mut ctx, &req, |piece| {

@@ -514,5 +514,174 @@ h2() {
     xreference
 }
 
+# Session 6: speculative decoding. R1 runs `pipeshard run` on a 4,090-token
+# prompt (scripts/device/make-prompt.py) with 64 tokens generated at its
+# depth, with and without a Llama-3.2-1B-shaped draft, JSON stats to $RES.
+yprep() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
+    cudalib
+    [[ -f $W/r1.gguf ]] || $P synth --arch llama3.1-8b --quant q4_0 -o "$W/r1.gguf"
+    local gpu; gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    case $gpu in
+        *H200*) cp profiles/intel-r-xeon-r-processor__nvidia-h200__t16.yaml "$RES/profile.yaml" ;;
+        *) cp profiles/intel-r-xeon-r-processor__nvidia-h100-80gb-hbm3__t16.yaml "$RES/profile.yaml" ;;
+    esac
+    [[ -f $W/draft.gguf ]] || $P synth --arch llama3.2-1b --quant q4_0 -o "$W/draft.gguf"
+    python3 scripts/device/make-prompt.py > "$W/prompt.txt"
+}
+
+yplan() { # NAME BUDGET EXTRA...: R1's plan for the run's context, with its alternatives logged
+    local name=$1 budget=$2; shift 2
+    $P plan -m "$W/r1.gguf" --vram-budget "$budget" -c 8192 --profile "$RES/profile.yaml" "$@" > "$RES/plan-$name.txt" 2>&1
+    grep -E "INFO|^predicted|^speculative" "$RES/plan-$name.txt" | sed 's/.*INFO.. //' | cut -c1-220
+}
+
+yrun() { # NAME BUDGET EXTRA...: one `pipeshard run` of R1
+    local name=$1 budget=$2; shift 2
+    $P run -m "$W/r1.gguf" -f "$W/prompt.txt" -c 8192 -n 64 --ignore-eos -t 16 -fa on \
+        --vram-budget "$budget" --profile "$RES/profile.yaml" --json "$@" > "$RES/$name.txt" 2> "$RES/$name.log" \
+        || { echo "$name failed:"; tail -3 "$RES/$name.log"; return 0; }
+    echo "$name: $(grep -E '^plan: (draft|the draft)' "$RES/$name.log" | cut -c1-160)"
+    grep '^{' "$RES/$name.log" | tail -1 | python3 -c '
+import json, sys
+j = json.loads(sys.stdin.read())
+s, p, sp = j["stats"], j.get("predicted") or {}, j.get("speculation")
+line = "  TTFT %.3f s, decode %.1f tok/s, peak %.2f GiB; predicted %.3f s / %.1f tok/s" % (
+    s["ttft_ms"] / 1e3, s["decode_tokens_per_s"], (j["peak_device_bytes"] or 0) / 2**30,
+    p.get("ttft_s", 0), p.get("decode_tok_s", 0))
+if sp:
+    line += "; %d/%d accepted in %d steps, verify %.1f ms/step, draft %.2f ms/step, draft prompt %.0f ms" % (
+        sp["accepted"], sp["drafted"], sp["steps"], sp["verify_ms"] / sp["steps"], sp["draft_ms"] / sp["steps"], sp["draft_prompt_ms"])
+    ps = p.get("speculation")
+    if ps:
+        line += " (predicted verify %.1f ms)" % (ps["verify_s"] * 1e3)
+print(line)' || true
+}
+
+y1() {
+    yprep
+    for b in 2GiB 4GiB 6GiB; do yplan r1-$b-draft $b -md "$W/draft.gguf"; done
+    yrun r1-4g-plain 4GiB
+    yrun r1-4g-draft 4GiB -md "$W/draft.gguf"
+    yrun r1-4g-draft-n1 4GiB -md "$W/draft.gguf" --spec-draft-n-max 1
+    yrun r1-4g-draft-n6 4GiB -md "$W/draft.gguf" --spec-draft-n-max 6
+    yrun r1-2g-plain 2GiB
+    yrun r1-2g-auto 2GiB -md "$W/draft.gguf"
+    yrun r1-2g-draft-gpu 2GiB -md "$W/draft.gguf" -ngld all
+    yrun r1-6g-plain 6GiB
+    yrun r1-6g-draft 6GiB -md "$W/draft.gguf" -ngld all
+}
+
+# y2: the profile re-measured with CPU attention for 512-query chunks, the
+# cost model with every layer's small ops; R1 at 2/4/6 GiB and R2 at 4/8
+# GiB against their predictions; the speculative runs of y1 again with the
+# draft's softmax skipped (p-min 0).
+y2() {
+    yprep
+    xprofile
+    grep -B1 -A6 "device: cpu" "$RES/profile.yaml" | grep -A5 "n_head: 32" | grep -E "tokens|seconds" | paste - - | tail -3
+    [[ -f $W/r2.gguf ]] || $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf"
+    one r1-2g r1 2GiB pipeshard
+    one r1-4g r1 4GiB pipeshard
+    one r1-6g r1 6GiB pipeshard
+    one r2-4g r2 4GiB pipeshard
+    one r2-8g r2 8GiB pipeshard
+    for b in 2GiB 4GiB; do yplan r1-$b-draft $b -md "$W/draft.gguf"; done
+    yrun r1-4g-plain 4GiB
+    yrun r1-4g-draft 4GiB -md "$W/draft.gguf" -ngld all
+    yrun r1-2g-auto 2GiB -md "$W/draft.gguf"
+    yrun r1-2g-draft-gpu 2GiB -md "$W/draft.gguf" -ngld all
+}
+
+# y3: is y2's slower decode the machine or this session's code? On one
+# machine, the last session's binary (a85826e, .stash/old) and this one,
+# each with the committed profile, then this one with a fresh profile.
+y3() {
+    yprep
+    lscpu | grep -E "Model name|^CPU\(s\)|MHz" | tee -a "$RES/machine.txt"
+    [[ -f $W/r2.gguf ]] || $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf"
+    local new=$P
+    xz -dkf .stash/old/pipeshard-a85826e.xz && chmod +x .stash/old/pipeshard-a85826e
+    P=.stash/old/pipeshard-a85826e
+    one old-r2-4g r2 4GiB pipeshard
+    one old-r1-4g r1 4GiB pipeshard
+    P=$new
+    one new-r2-4g r2 4GiB pipeshard
+    one new-r1-4g r1 4GiB pipeshard
+    P=.stash/old/pipeshard-a85826e
+    one old-r2-4g-b r2 4GiB pipeshard
+    P=$new
+    cp "$RES/profile.yaml" "$RES/profile-committed.yaml"
+    xprofile
+    one fresh-r1-4g r1 4GiB pipeshard
+    one fresh-r2-4g r2 4GiB pipeshard
+}
+
+# y4 (on y3's machine): the last session's binary beside this one, in
+# dist/ for its libraries, alternated, with the committed profile.
+y4() {
+    cudalib > /dev/null
+    xz -dkf .stash/old/pipeshard-a85826e.xz
+    cp .stash/old/pipeshard-a85826e dist/pipeshard-old && chmod +x dist/pipeshard-old
+    cp "$RES/profile-committed.yaml" "$RES/profile.yaml"
+    local new=$P i
+    for i in 1 2; do
+        P=dist/pipeshard-old; one old-r2-$i r2 4GiB pipeshard
+        P=$new; one new-r2-$i r2 4GiB pipeshard
+    done
+    P=dist/pipeshard-old; one old-r1-4g r1 4GiB pipeshard
+    P=$new; one new-r1-4g-2 r1 4GiB pipeshard
+}
+
+# y5: why R1's TTFT is ~25% slower than predicted even with every weight
+# resident: pipeshard at 6 GiB (nothing streamed) per ubatch, and where a
+# full-GPU prefill spends its time by kernel (nsys, when the machine has it).
+y5() {
+    yprep > /dev/null
+    local u
+    for u in 512 1024 2048 4096; do one r1-6g-ub$u r1 6GiB pipeshard --plan-ubatch $u; done
+    local nsys; nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1 || true)
+    echo "nsys: ${nsys:-none}"
+    if [[ -n $nsys ]]; then
+        timeout 200 "$nsys" profile -t cuda -o "$W/r1-full" --force-overwrite true \
+            $P bench -m "$W/r1.gguf" --vram-budget 6GiB --policies pipeshard --plan-ubatch 4096 -p 4096 -n 8 -r 1 -t 16 \
+            --profile "$RES/profile.yaml" -o "$RES/nsys-bench" > "$RES/nsys.log" 2>&1 || echo "nsys failed: $?"
+        timeout 120 "$nsys" stats -r cuda_gpu_kern_sum --format csv -o "$RES/r1-kern" "$W/r1-full.nsys-rep" > /dev/null 2>&1 || echo "nsys stats failed"
+        ls "$RES"/r1-kern* 2>/dev/null && head -25 "$RES"/r1-kern*.csv | cut -c1-200
+    fi
+}
+
+# y6: the profile with GPU matmuls of a 4096 x 4096 weight at big batches
+# too (y5: a full-GPU prefill is ~20% slower than a 4096 x 32768 weight's
+# rate predicts), and what its plans do against their predictions.
+y6() {
+    yprep > /dev/null
+    xprofile
+    [[ -f $W/r2.gguf ]] || $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf"
+    one r1-2g r1 2GiB pipeshard
+    one r1-4g r1 4GiB pipeshard
+    one r1-6g r1 6GiB pipeshard
+    one r1-6g-ub1024 r1 6GiB pipeshard --plan-ubatch 1024
+    one r2-4g r2 4GiB pipeshard
+    one r2-8g r2 8GiB pipeshard
+    one r1-2g-b r1 2GiB pipeshard
+    one r2-4g-b r2 4GiB pipeshard
+}
+
+# h3 (H100): y6 on the H100 host: its profile re-measured with the new
+# samples, and R1/R2 at their reference budgets and one more each.
+h3() {
+    yprep > /dev/null
+    lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
+    xprofile
+    [[ -f $W/r2.gguf ]] || $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf"
+    one r1-2g r1 2GiB pipeshard
+    one r1-4g r1 4GiB pipeshard
+    one r2-4g r2 4GiB pipeshard
+    one r2-8g r2 8GiB pipeshard
+    one r1-2g-b r1 2GiB pipeshard
+    one r2-4g-b r2 4GiB pipeshard
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results

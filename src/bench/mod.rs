@@ -190,6 +190,7 @@ pub fn run_policy(
             req.workload = plan::Workload {
                 prompt_tokens: cfg.prompt_tokens as u64,
                 gen_tokens: cfg.gen_tokens as u64,
+                speculation: None,
             };
             let p: Plan = plan::runtime::make_measured_plan(path, info, profile, req)?;
             let applied = plan::apply::apply(&p)?;

@@ -146,6 +146,7 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
         args.ctx_size as u64,
         threads,
         Default::default(),
+        None,
     )?
     .context("lossless compares a plan with the full-GPU placement: give --vram-budget or --plan (and a GPU)")?;
     if args.stream_all {

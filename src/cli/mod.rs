@@ -57,6 +57,8 @@ const LLAMA_SHORT_FLAGS: &[(&str, &str)] = &[
     ("-ub", "--ubatch-size"),
     ("-fa", "--flash-attn"),
     ("-np", "--parallel"),
+    ("-md", "--spec-draft-model"),
+    ("-ngld", "--spec-draft-ngl"),
 ];
 
 /// Accept `-ngl 99` and `-ngl=99` as llama.cpp users type them.

@@ -36,6 +36,92 @@ pub struct BudgetArgs {
     pub hybrid_experts: Option<u32>,
 }
 
+/// Speculative decoding with a draft model, with llama.cpp's flags and defaults.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DraftArgs {
+    /// Draft model for speculative decoding (same vocabulary): it proposes
+    /// tokens that the model checks in one batch.
+    #[arg(
+        long = "spec-draft-model",
+        visible_alias = "model-draft",
+        env = "LLAMA_ARG_SPEC_DRAFT_MODEL"
+    )]
+    pub draft_model: Option<PathBuf>,
+    /// Most tokens drafted per step; the model checks them in batches of this plus one.
+    #[arg(long = "spec-draft-n-max", env = "LLAMA_ARG_SPEC_DRAFT_N_MAX", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub draft_n_max: u32,
+    /// A draft shorter than this is not checked.
+    #[arg(long = "spec-draft-n-min", env = "LLAMA_ARG_SPEC_DRAFT_N_MIN", default_value_t = 0)]
+    pub draft_n_min: u32,
+    /// The draft stops at a token the draft model gives less than this probability.
+    #[arg(
+        long = "spec-draft-p-min",
+        visible_alias = "draft-p-min",
+        env = "LLAMA_ARG_SPEC_DRAFT_P_MIN",
+        default_value_t = 0.0
+    )]
+    pub draft_p_min: f32,
+    /// Draft model layers on the GPU: all (the whole draft, whose device
+    /// memory comes out of --vram-budget), a number (0: CPU), or auto: with
+    /// a budget, the GPU, the CPU or no speculation, whichever the plan
+    /// predicts is fastest.
+    #[arg(long = "spec-draft-ngl", visible_aliases = ["gpu-layers-draft", "n-gpu-layers-draft"], default_value = "auto")]
+    pub draft_ngl: String,
+    /// The planner's assumption of how often the model accepts a draft
+    /// token (which depends on the two models and the text, so no profile
+    /// measures it).
+    #[arg(long = "draft-acceptance", env = "PIPESHARD_DRAFT_ACCEPTANCE", default_value_t = 0.7,
+          value_parser = parse_probability)]
+    pub draft_acceptance: f64,
+}
+
+fn parse_probability(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("expected a probability between 0 and 1, not {s:?}")),
+    }
+}
+
+impl DraftArgs {
+    /// Draft layers on the GPU, as `ModelParams::n_gpu_layers` takes them.
+    pub fn n_gpu_layers(&self) -> Result<i32> {
+        match self.draft_ngl.trim() {
+            "auto" | "all" => Ok(-1),
+            n => n
+                .parse::<i32>()
+                .ok()
+                .filter(|&n| n >= -1)
+                .with_context(|| format!("--spec-draft-ngl takes auto, all or a layer count, not {n:?}")),
+        }
+    }
+
+    /// How generation drafts.
+    pub fn params(&self) -> pipeshard::generate::DraftParams {
+        pipeshard::generate::DraftParams {
+            n_max: self.draft_n_max,
+            n_min: self.draft_n_min,
+            p_min: self.draft_p_min,
+        }
+    }
+
+    /// The draft as the planner prices it, if there is one: `auto` lets the
+    /// plan choose between the GPU and the CPU. A draft split between them
+    /// is planned as if all on the GPU (the larger device memory).
+    pub fn source(&self) -> Result<Option<plan::runtime::DraftSource>> {
+        let on_gpu = match self.draft_ngl.trim() {
+            "auto" => None,
+            _ => Some(self.n_gpu_layers()? != 0),
+        };
+        Ok(self.draft_model.as_ref().map(|path| plan::runtime::DraftSource {
+            path: path.clone(),
+            on_gpu,
+            draft_tokens: self.draft_n_max,
+            acceptance: self.draft_acceptance,
+        }))
+    }
+}
+
 impl BudgetArgs {
     /// Whether pipeshard plans the placement (`--vram-budget` or `--plan`).
     pub fn is_set(&self) -> bool {
@@ -87,6 +173,7 @@ pub fn plan_for_model(
     n_ctx: u64,
     threads: i32,
     vision: plan::runtime::VisionMemory,
+    draft: Option<plan::runtime::DraftSource>,
 ) -> Result<Option<(plan::Plan, plan::apply::Applied)>> {
     let source = plan::runtime::PlanSource {
         plan_file: args.plan.clone(),
@@ -96,6 +183,7 @@ pub fn plan_for_model(
         hybrid_gpu_experts: args.hybrid_experts,
         vision,
         side_contexts: Vec::new(),
+        draft,
     };
     let bar = progress::steps_bar(1, "profiling");
     let r = plan::runtime::plan_for_model(&source, model, n_ctx, threads, |done, total| {
@@ -119,6 +207,8 @@ pub struct PlanArgs {
     pub quant: String,
     #[command(flatten)]
     pub budget: BudgetArgs,
+    #[command(flatten)]
+    pub draft: DraftArgs,
     /// Context size in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 8192)]
     pub ctx_size: u64,
@@ -154,6 +244,7 @@ pub fn make_request(
     req.workload = Workload {
         prompt_tokens: prompt,
         gen_tokens: gen,
+        speculation: None,
     };
     req.ubatch = ubatch;
     req.stream_slots = stream_slots;
@@ -190,10 +281,9 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
     );
     let _ = args.parallel;
     // With a model file and a GPU, check the plan with llama.cpp's own reservation.
-    let plan = match &args.model {
-        Some(m) if engine::has_gpu() => plan::runtime::make_measured_plan(m, &info, &profile, req)?,
-        _ => plan::make_plan(&info, &profile, &req)?,
-    };
+    let model = args.model.as_deref().filter(|_| engine::has_gpu());
+    let draft = args.draft.source()?;
+    let plan = plan::runtime::plan_with_draft(model, &info, &profile, req, draft.as_ref())?;
     print!("{}", plan::render(&plan, args.format));
     Ok(())
 }

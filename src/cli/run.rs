@@ -9,10 +9,12 @@ use anyhow::{Context as _, Result};
 use pipeshard::engine::{
     self, ChatMessage, Context, ContextParams, FlashAttention, Model, ModelParams, SamplingParams,
 };
-use pipeshard::generate::{generate, generate_from, EvaluatedPrompt, GenerateOutput, GenerateRequest};
+use pipeshard::generate::{
+    generate, generate_from, generate_speculative, EvaluatedPrompt, GenerateOutput, GenerateRequest, SpeculationStats,
+};
 use pipeshard::{default_model, progress};
 
-use super::plan::{plan_for_model, BudgetArgs};
+use super::plan::{plan_for_model, BudgetArgs, DraftArgs};
 use super::GlobalArgs;
 
 /// Load a model with a progress bar labelled `label`.
@@ -36,6 +38,12 @@ pub struct RunArgs {
     /// The prompt.
     #[arg(short = 'p', long = "prompt", default_value = "Write a haiku about the sea.")]
     pub prompt: String,
+    /// Read the prompt from this file instead.
+    #[arg(short = 'f', long = "file", conflicts_with = "prompt")]
+    pub file: Option<PathBuf>,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
     /// Tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     pub n_predict: usize,
@@ -99,6 +107,8 @@ pub struct RunArgs {
     pub vision_stream_slots: u32,
     #[command(flatten)]
     pub budget: BudgetArgs,
+    #[command(flatten)]
+    pub draft: DraftArgs,
 }
 
 pub fn parse_flash_attn(s: &str) -> Result<FlashAttention> {
@@ -110,13 +120,20 @@ pub fn parse_flash_attn(s: &str) -> Result<FlashAttention> {
     }
 }
 
-pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
+pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
     let fa = parse_flash_attn(&args.flash_attn)?;
+    if let Some(f) = &args.file {
+        args.prompt = std::fs::read_to_string(f).with_context(|| format!("reading the prompt file {}", f.display()))?;
+    }
     if let Some(img) = &args.image {
         if !img.is_file() {
             anyhow::bail!("the image {} does not exist", img.display());
         }
+        if args.draft.draft_model.is_some() {
+            anyhow::bail!("speculative decoding (--spec-draft-model) does not take an --image yet");
+        }
     }
+    let draft_ngl = args.draft.n_gpu_layers()?;
     let model_path = match &args.model {
         Some(p) => p.clone(),
         None => default_model::ensure().context("fetching the default model")?,
@@ -180,6 +197,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
         args.ctx_size as u64,
         threads,
         vision.unwrap_or_default(),
+        args.draft.source()?,
     )?;
     if let Some((plan, applied)) = &plan {
         eprintln!(
@@ -198,14 +216,74 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
         applied.configure_model(&mut model_params);
         applied.configure_context(&mut ctx_params);
     }
+    if args.draft.draft_model.is_some() && ctx_params.n_outputs_max != 0 {
+        // Each verification batch samples every position it holds.
+        ctx_params.n_outputs_max = ctx_params.n_outputs_max.max(args.draft.draft_n_max + 1);
+    }
+
+    if let Some(s) = plan.as_ref().and_then(|(p, _)| p.predicted.speculation) {
+        eprintln!(
+            "plan: draft on the {}; speculative steps of {:.1} ms verifying {} tokens, {:.2} tokens per step at the assumed acceptance; {:.1} tok/s without the draft",
+            if plan.as_ref().and_then(|(p, _)| p.workload.speculation).is_some_and(|w| w.draft_on_gpu) { "GPU" } else { "CPU" },
+            s.step_s * 1e3,
+            args.draft.draft_n_max + 1,
+            s.tokens_per_step,
+            s.plain_decode_tok_s
+        );
+    }
 
     let t_load = Instant::now();
     let model = load_with_progress(&model_path, model_params, "loading")?;
-    let mut ctx = Context::new(&model, ctx_params).context("creating the context")?;
+    let mut ctx = Context::new(&model, ctx_params.clone()).context("creating the context")?;
+    // With `auto`, a plan puts the draft where it predicted it pays.
+    let draft_ngl = match plan.as_ref().and_then(|(p, _)| p.workload.speculation) {
+        Some(s) if args.draft.draft_ngl.trim() == "auto" => {
+            if s.draft_on_gpu {
+                -1
+            } else {
+                0
+            }
+        }
+        _ => draft_ngl,
+    };
+    let speculate = match &plan {
+        Some((p, _)) if args.draft.draft_model.is_some() && p.workload.speculation.is_none() => {
+            eprintln!("plan: the draft model does not pay under this budget; decoding without it");
+            false
+        }
+        _ => true,
+    };
+    let draft_model = match &args.draft.draft_model {
+        Some(path) if speculate => {
+            let params = ModelParams {
+                n_gpu_layers: draft_ngl,
+                ..Default::default()
+            };
+            Some(load_with_progress(path, params, "loading the draft")?)
+        }
+        _ => None,
+    };
+    let mut draft_ctx = match &draft_model {
+        Some(m) => {
+            let params = ContextParams {
+                n_ubatch: ctx_params.n_ubatch.min(512),
+                // A draft on the CPU stays there: its prompt's ops do not
+                // borrow device memory that no budget counted.
+                op_offload: draft_ngl != 0 && ctx_params.op_offload,
+                offload: None,
+                stream_slots: 0,
+                stream_routed_max: 0,
+                moe_split: None,
+                ..ctx_params.clone()
+            };
+            Some(Context::new(m, params).context("creating the draft model's context")?)
+        }
+        None => None,
+    };
     if let Some((plan, _)) = &plan {
-        let used: u64 = ctx
-            .memory_breakdown()
-            .iter()
+        let used: u64 = std::iter::once(&ctx)
+            .chain(draft_ctx.as_ref())
+            .flat_map(|c| c.memory_breakdown())
             .filter(|m| !m.is_host)
             .map(|m| m.total())
             .sum();
@@ -269,6 +347,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
         true
     };
     let mut encode_ms = None;
+    let mut speculation: Option<SpeculationStats> = None;
     let out: GenerateOutput = match (&vision, &image) {
         (Some(v), Some(img)) => {
             ctx.clear();
@@ -299,8 +378,16 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
                 n_predict: args.n_predict,
                 sampling,
                 stop: Vec::new(),
+                ignore_eos: args.ignore_eos,
             };
-            generate(&mut ctx, &req, &mut on_text)?
+            match &mut draft_ctx {
+                Some(draft) => {
+                    let (out, s) = generate_speculative(&mut ctx, draft, &args.draft.params(), &req, &mut on_text)?;
+                    speculation = Some(s);
+                    out
+                }
+                None => generate(&mut ctx, &req, &mut on_text)?,
+            }
         }
     };
     let _ = writeln!(stdout);
@@ -312,7 +399,8 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
         let v = serde_json::json!({
             "model": model_path, "load_ms": load_ms, "stats": s, "image_encode_ms": encode_ms,
             "devices": engine::list_devices(), "memory": ctx.memory_breakdown(),
-            "peak_device_bytes": peak_device,
+            "peak_device_bytes": peak_device, "speculation": speculation,
+            "predicted": plan.as_ref().map(|(p, _)| p.predicted),
         });
         eprintln!("{}", serde_json::to_string(&v)?);
     } else if !args.quiet {
@@ -330,6 +418,19 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<()> {
             "decode:   {} tokens, {:.1} tok/s ({:?})",
             s.generated_tokens, s.decode_tokens_per_s, s.stop
         );
+        if let Some(sp) = &speculation {
+            eprintln!(
+                "draft:    {} of {} tokens accepted ({:.0}%) in {} steps; drafting {:.1} ms, verifying {:.1} ms ({:.1} ms per step), draft prompt {:.1} ms",
+                sp.accepted,
+                sp.drafted,
+                sp.acceptance() * 100.0,
+                sp.steps,
+                sp.draft_ms,
+                sp.verify_ms,
+                sp.verify_ms / sp.steps.max(1) as f64,
+                sp.draft_prompt_ms
+            );
+        }
         if let Some(peak) = peak_device {
             eprintln!("device:   peak {} used", pipeshard::plan::fmt_bytes(peak));
         }

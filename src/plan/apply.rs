@@ -34,6 +34,9 @@ pub struct Applied {
     pub stream_routed_max: u32,
     /// Hybrid experts per layer and ubatch size (patch 0006), if any.
     pub moe_split: Option<MoeSplitPolicy>,
+    /// Logits rows each sequence needs per ubatch: one, or a speculative
+    /// verification batch's.
+    pub outputs_per_seq: u32,
 }
 
 impl Applied {
@@ -52,10 +55,11 @@ impl Applied {
         params.stream_slots = self.stream_slots;
         params.stream_routed_max = self.stream_routed_max;
         params.moe_split = self.moe_split.clone();
-        // The plan budgets one row of logits per sequence (the token each
-        // samples), not a row for every token of the ubatch.
+        // The plan budgets the rows of logits each sequence samples (one
+        // token, or a verification batch), not a row for every token of the
+        // ubatch.
         if !params.embeddings {
-            params.n_outputs_max = params.n_seq_max.max(1);
+            params.n_outputs_max = params.n_seq_max.max(1) * self.outputs_per_seq;
         }
     }
 }
@@ -141,5 +145,6 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
         stream_slots: plan.stream_slots,
         stream_routed_max: plan.stream_routed_max,
         moe_split,
+        outputs_per_seq: plan.workload.speculation.map_or(1, |s| s.verify_tokens()),
     })
 }

@@ -58,6 +58,18 @@ pub struct Overheads {
     pub device_switch_s: f64,
     /// Seconds per streamed weight for issuing and waiting on the copy.
     pub stream_issue_s: f64,
+    /// Seconds per layer and ubatch for the ops priced by none of the
+    /// profile's matmul or attention samples: norms, RoPE, activations,
+    /// residual adds, a dozen small kernels each. 25 µs is the gap between
+    /// predicted and measured decode of R1 with every weight resident on
+    /// the H200 (3.04 against 3.83 ms per token over 32 layers,
+    /// bench/results/h200-session5).
+    #[serde(default = "default_layer_s")]
+    pub layer_s: f64,
+}
+
+fn default_layer_s() -> f64 {
+    25e-6
 }
 
 impl Default for Overheads {
@@ -65,6 +77,7 @@ impl Default for Overheads {
         Overheads {
             device_switch_s: 25e-6,
             stream_issue_s: 15e-6,
+            layer_s: default_layer_s(),
         }
     }
 }
@@ -279,6 +292,25 @@ impl<'a> CostModel<'a> {
         } else {
             (Exec::Cpu, c)
         }
+    }
+
+    /// Seconds for a ubatch of `n` tokens at `depth` with the whole model
+    /// in one place: every weight resident and the KV cache on the GPU, or
+    /// everything on the CPU. This prices a small draft model, which runs
+    /// unsplit beside the planned one.
+    pub fn unsplit_seconds(&self, on_gpu: bool, n: u64, depth: u64) -> f64 {
+        let exec = if on_gpu { Exec::Resident } else { Exec::Cpu };
+        let weights: f64 = self
+            .model
+            .tensors
+            .iter()
+            .filter(|t| is_placeable(t))
+            .map(|t| self.op_seconds(t, n, exec))
+            .sum();
+        let attention: f64 = (0..self.model.n_layer)
+            .map(|l| self.attention_seconds(l, n, depth + n / 2, on_gpu))
+            .sum();
+        weights + attention + self.model.n_layer as f64 * self.overheads.layer_s
     }
 
     /// Attention (flash attention over the KV cache) for one layer.

@@ -3,7 +3,7 @@
 //! table look-ups, so the optimizer can compare thousands of placements.
 
 use super::cost::{is_placeable, CostModel, Exec, Streaming};
-use super::{Plan, Prediction, Workload};
+use super::{tier_index, Plan, Prediction, SpeculationPrediction, Workload};
 use crate::gguf::{ModelInfo, TensorRole};
 
 /// Op times of every placeable tensor for one configuration.
@@ -12,8 +12,17 @@ pub struct Evaluator {
     pub tensors: Vec<usize>,
     layer: Vec<Option<u32>>,
     is_qkv: Vec<bool>,
-    /// Distinct ubatch sizes: the full chunk, the last partial chunk, decode.
+    /// Distinct ubatch sizes and how often each runs: the prompt's full
+    /// chunks and its last partial chunk, then single-token decode, then
+    /// speculative verification if the workload has it.
     sizes: Vec<(u64, f64)>,
+    /// Index into `sizes` of single-token decode; the ones before it are
+    /// prompt chunks.
+    decode: usize,
+    /// Index into `sizes` of speculative verification batches.
+    verify: Option<usize>,
+    /// Token tiers, ascending.
+    tiers: Vec<u32>,
     /// Per size, per tensor: (resident seconds, best host exec, its seconds,
     /// link seconds of a pipelined copy, priced per ubatch). A hybrid
     /// layer's expert tensors each carry a third of the layer's time.
@@ -24,13 +33,15 @@ pub struct Evaluator {
     unsplit: Vec<Vec<Option<(Exec, f64, f64)>>>,
     /// Per tensor: the other routed-expert tensors of its layer.
     siblings: Vec<Vec<usize>>,
-    /// Per size: how many of each token's routed experts hybrid layers run
-    /// on the GPU (0: none is hybrid).
-    hybrid_k: Vec<u32>,
+    /// How many of each token's routed experts hybrid layers run on the
+    /// GPU in single-token decode (0: none is hybrid).
+    hybrid_k: u32,
     /// Per size: attention seconds summed over all chunks of that size.
     attention: Vec<f64>,
     kv_gpu_from: u32,
     switch_s: f64,
+    /// Seconds per ubatch for the small ops of every layer.
+    layers_s: f64,
     pub workload: Workload,
     pub ubatch: u32,
 }
@@ -46,7 +57,8 @@ impl Evaluator {
         let u64_ = u as u64;
         let full = p / u64_;
         let rest = p % u64_;
-        // (ubatch size, how many times it runs) — decode weighs gen_tokens.
+        // (ubatch size, how many times it runs). Decode weighs gen_tokens;
+        // with speculation every step is a verification batch instead.
         let mut sizes: Vec<(u64, f64)> = Vec::new();
         if full > 0 {
             sizes.push((u64_, full as f64));
@@ -54,23 +66,50 @@ impl Evaluator {
         if rest > 0 {
             sizes.push((rest, 1.0));
         }
-        sizes.push((1, workload.gen_tokens as f64));
+        let spec = workload.speculation;
+        let decode = sizes.len();
+        sizes.push((
+            1,
+            if spec.is_some() {
+                0.0
+            } else {
+                workload.gen_tokens as f64
+            },
+        ));
+        let verify = spec.map(|s| {
+            sizes.push((
+                s.verify_tokens() as u64,
+                workload.gen_tokens as f64 / s.tokens_per_step(),
+            ));
+            sizes.len() - 1
+        });
+        let mut tiers: Vec<u32> = vec![1, u];
+        tiers.extend(spec.map(|s| s.verify_tokens()));
+        tiers.sort_unstable();
+        tiers.dedup();
         let kv_gpu_from = model.n_layer - kv_layers;
-        // A ubatch smaller than u runs with tier u's decisions (the first tier
-        // at or above its size), so the partial chunk reuses them.
-        let exec_u: Vec<Exec> = tensors
+        // A ubatch runs with the decisions of the first tier at or above its
+        // size, so a partial chunk reuses a bigger tier's.
+        let tier_exec: Vec<(u32, Vec<Exec>)> = tiers
             .iter()
-            .map(|&i| cm.best_host_exec(&model.tensors[i], u64_).0)
+            .map(|&tier| {
+                let execs = tensors
+                    .iter()
+                    .map(|&i| cm.best_host_exec(&model.tensors[i], tier as u64).0)
+                    .collect();
+                (tier, execs)
+            })
             .collect();
         let mut times: Vec<Vec<(f64, Exec, f64, f64)>> = sizes
             .iter()
             .map(|&(n, _)| {
+                let execs = &tier_exec[tier_index(&tiers, n)].1;
                 tensors
                     .iter()
                     .enumerate()
                     .map(|(k, &i)| {
                         let t = &model.tensors[i];
-                        let e = if n == 1 { cm.best_host_exec(t, 1).0 } else { exec_u[k] };
+                        let e = execs[k];
                         let link =
                             if e == Exec::Stream && cm.streaming == Streaming::Pipelined && !cm.streams_routed(t, n) {
                                 cm.copy_seconds(t, n)
@@ -87,7 +126,7 @@ impl Evaluator {
         // between the GPU and the CPU where that beats their best execs.
         let mut siblings = vec![Vec::new(); tensors.len()];
         let mut unsplit = vec![vec![None; tensors.len()]; sizes.len()];
-        let mut hybrid_k = vec![0; sizes.len()];
+        let mut hybrid_k = 0;
         for l in 0..model.n_layer {
             let group: Vec<usize> = (0..tensors.len())
                 .filter(|&k| {
@@ -102,29 +141,30 @@ impl Evaluator {
                 siblings[k] = group.iter().copied().filter(|&j| j != k).collect();
             }
             let weights: Vec<_> = group.iter().map(|&k| &model.tensors[tensors[k]]).collect();
-            for (si, &(n, _)) in sizes.iter().enumerate() {
-                let Some((gpu_experts, secs)) = cm.best_hybrid(&weights, n) else {
-                    continue;
-                };
-                // A share asked for is used wherever the split applies.
-                let host: f64 = group.iter().map(|&k| times[si][k].2.max(times[si][k].3)).sum();
-                if secs >= host && cm.hybrid_gpu_experts.is_none() {
-                    continue;
-                }
-                hybrid_k[si] = gpu_experts;
-                for &k in &group {
-                    let (r, e, h, link) = times[si][k];
-                    unsplit[si][k] = Some((e, h, link));
-                    times[si][k] = (r, Exec::Hybrid, secs / group.len() as f64, 0.0);
-                }
+            // Only single-token decode splits: the plan has one GPU share.
+            let si = decode;
+            let Some((gpu_experts, secs)) = cm.best_hybrid(&weights, 1) else {
+                continue;
+            };
+            // A share asked for is used wherever the split applies.
+            let host: f64 = group.iter().map(|&k| times[si][k].2.max(times[si][k].3)).sum();
+            if secs >= host && cm.hybrid_gpu_experts.is_none() {
+                continue;
+            }
+            hybrid_k = gpu_experts;
+            for &k in &group {
+                let (r, e, h, link) = times[si][k];
+                unsplit[si][k] = Some((e, h, link));
+                times[si][k] = (r, Exec::Hybrid, secs / group.len() as f64, 0.0);
             }
         }
-        // Attention: prompt chunks at increasing depth, decode at the prompt's depth.
+        // Attention: prompt chunks at increasing depth, decode and
+        // verification at the middle of the generated tokens.
         let attention = sizes
             .iter()
             .enumerate()
             .map(|(si, &(n, _))| {
-                let depths: Vec<u64> = if n == 1 && si == sizes.len() - 1 {
+                let depths: Vec<u64> = if si >= decode {
                     vec![p + workload.gen_tokens / 2]
                 } else if n == u64_ {
                     (0..full).map(|c| c * u64_).collect()
@@ -154,6 +194,9 @@ impl Evaluator {
                 .collect(),
             tensors,
             sizes,
+            decode,
+            verify,
+            tiers,
             times,
             unsplit,
             siblings,
@@ -161,6 +204,7 @@ impl Evaluator {
             attention,
             kv_gpu_from,
             switch_s: cm.overheads.device_switch_s,
+            layers_s: model.n_layer as f64 * cm.overheads.layer_s,
             workload,
             ubatch: u,
         }
@@ -198,17 +242,18 @@ impl Evaluator {
     /// How many of each token's routed experts hybrid layers run on the GPU
     /// in decode under `resident`; 0 if no layer is hybrid.
     pub fn hybrid_gpu_experts(&self, resident: &[bool]) -> u32 {
-        let si = self.sizes.len() - 1;
+        let si = self.decode;
         let hybrid = (0..self.tensors.len()).any(|k| self.exec(k, si, resident) == Exec::Hybrid);
         if hybrid {
-            self.hybrid_k[si]
+            self.hybrid_k
         } else {
             0
         }
     }
 
     /// Seconds one ubatch of size index `si` takes under `resident`
-    /// (excluding attention), with device switches; and the seconds its
+    /// (excluding attention), with device switches and every layer's small
+    /// ops; and the seconds its
     /// pipelined copies keep the link busy, which overlap all of that.
     fn weights_seconds(&self, si: usize, resident: &[bool]) -> (f64, f64) {
         let mut total = 0.0;
@@ -251,29 +296,45 @@ impl Evaluator {
                 visit(!matches!(e, Exec::Cpu | Exec::Hybrid));
             }
         }
-        (total + switches as f64 * self.switch_s, link)
+        (total + switches as f64 * self.switch_s + self.layers_s, link)
     }
 
     /// Predicted TTFT and decode speed for a residency vector over `self.tensors`.
     pub fn evaluate(&self, resident: &[bool]) -> Prediction {
         let mut ttft = 0.0;
-        let mut decode = 0.0;
-        let last = self.sizes.len() - 1;
-        for (si, &(_, count)) in self.sizes.iter().enumerate() {
+        for (si, &(_, count)) in self.sizes[..self.decode].iter().enumerate() {
+            // All chunks of this size (attention is summed over them).
             let (compute, link) = self.weights_seconds(si, resident);
-            if si == last {
-                // Per decoded token (attention is priced at one depth).
-                decode = (compute + self.attention[si]).max(link);
-            } else {
-                // All chunks of this size (attention is summed over them).
-                ttft += (compute * count + self.attention[si]).max(link * count);
-            }
+            ttft += (compute * count + self.attention[si]).max(link * count);
         }
+        // One ubatch of size index `si` past the prompt (attention is priced at one depth).
+        let step = |si: usize| {
+            let (compute, link) = self.weights_seconds(si, resident);
+            (compute + self.attention[si]).max(link)
+        };
+        let plain_decode_tok_s = 1.0 / step(self.decode).max(1e-12);
+        let gen = self.workload.gen_tokens as f64;
+        let mut decode_tok_s = plain_decode_tok_s;
+        let speculation = self.workload.speculation.zip(self.verify).map(|(s, vi)| {
+            let verify_s = step(vi);
+            let step_s = verify_s + s.draft_tokens as f64 * s.draft_token_s;
+            let tokens_per_step = s.tokens_per_step();
+            // The draft reads the prompt once, then every step yields tokens.
+            let per_token = (s.draft_prompt_s / gen.max(1.0) + step_s / tokens_per_step).max(1e-12);
+            decode_tok_s = 1.0 / per_token;
+            SpeculationPrediction {
+                verify_s,
+                step_s,
+                tokens_per_step,
+                plain_decode_tok_s,
+            }
+        });
         let p = self.workload.prompt_tokens as f64;
         Prediction {
             ttft_s: ttft,
             prompt_tok_s: p / ttft.max(1e-12),
-            decode_tok_s: 1.0 / decode.max(1e-12),
+            decode_tok_s,
+            speculation,
         }
     }
 
@@ -295,20 +356,22 @@ impl Evaluator {
             .sum()
     }
 
-    /// Tiers of this configuration, ascending.
+    /// Tiers of this configuration, ascending: single-token decode, the
+    /// speculative verification batch if any, and the ubatch.
     pub fn tiers(&self) -> Vec<u32> {
-        let mut t = vec![1, self.ubatch];
-        t.dedup();
-        t
+        self.tiers.clone()
     }
 
-    /// The exec of tensor `k` for a tier (the size the tier covers).
+    /// The exec of tensor `k` for a tier.
     pub fn tier_exec(&self, k: usize, tier: u32, resident: &[bool]) -> Exec {
-        let si = self
-            .sizes
-            .iter()
-            .position(|&(n, _)| n == tier as u64)
-            .unwrap_or(if tier == 1 { self.sizes.len() - 1 } else { 0 });
+        let si = if tier == 1 {
+            self.decode
+        } else {
+            match self.verify {
+                Some(vi) if self.sizes[vi].0 == tier as u64 => vi,
+                _ => 0,
+            }
+        };
         self.exec(k, si, resident)
     }
 }

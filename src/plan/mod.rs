@@ -47,6 +47,10 @@ pub struct Workload {
     pub prompt_tokens: u64,
     /// Tokens generated after it.
     pub gen_tokens: u64,
+    /// Speculative decoding: the model verifies a draft model's tokens in
+    /// batches instead of decoding one token at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<Speculation>,
 }
 
 impl Default for Workload {
@@ -54,6 +58,50 @@ impl Default for Workload {
         Workload {
             prompt_tokens: 4096,
             gen_tokens: 64,
+            speculation: None,
+        }
+    }
+}
+
+/// Speculative decoding as the planner prices it: each step the draft
+/// model proposes `draft_tokens` tokens one at a time, and the planned
+/// model checks them in one batch of `draft_tokens + 1` (its own next token
+/// after the last one accepted comes with the batch).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Speculation {
+    /// Draft tokens per step (llama.cpp's `--draft-max`).
+    pub draft_tokens: u32,
+    /// The chance that each draft token is accepted, given the ones before
+    /// it were: an assumption about how well the draft predicts the model,
+    /// which no measurement of this machine can supply.
+    pub acceptance: f64,
+    /// Seconds the draft model takes to propose one token.
+    pub draft_token_s: f64,
+    /// Seconds the draft model takes to read the prompt, once, before it
+    /// drafts.
+    #[serde(default)]
+    pub draft_prompt_s: f64,
+    /// Whether the draft model runs on the GPU (its device memory comes
+    /// out of the budget) or on the CPU.
+    #[serde(default)]
+    pub draft_on_gpu: bool,
+}
+
+impl Speculation {
+    /// The size of each verification batch.
+    pub fn verify_tokens(&self) -> u32 {
+        self.draft_tokens + 1
+    }
+
+    /// Tokens each step yields on average: the accepted run of the draft,
+    /// plus the model's own token after it, `(1 - a^(d+1)) / (1 - a)`.
+    pub fn tokens_per_step(&self) -> f64 {
+        let a = self.acceptance.clamp(0.0, 1.0);
+        let d = self.draft_tokens as i32;
+        if a >= 1.0 {
+            (d + 1) as f64
+        } else {
+            (1.0 - a.powi(d + 1)) / (1.0 - a)
         }
     }
 }
@@ -188,7 +236,25 @@ impl VramBreakdown {
 pub struct Prediction {
     pub ttft_s: f64,
     pub prompt_tok_s: f64,
+    /// Generated tokens per second, with speculative decoding if the
+    /// workload has it.
     pub decode_tok_s: f64,
+    /// With speculative decoding: what a step costs and what it yields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<SpeculationPrediction>,
+}
+
+/// The predicted cost of speculative decoding.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SpeculationPrediction {
+    /// Seconds the model takes to verify one batch of draft tokens.
+    pub verify_s: f64,
+    /// Seconds of one step: the draft's tokens and their verification.
+    pub step_s: f64,
+    /// Tokens one step yields on average.
+    pub tokens_per_step: f64,
+    /// Decode tokens per second of the same plan without a draft.
+    pub plain_decode_tok_s: f64,
 }
 
 /// A complete placement, with its VRAM use and predicted speed.
@@ -222,6 +288,12 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Predicted seconds for the whole workload: the prompt, then the
+    /// generated tokens.
+    pub fn predicted_seconds(&self) -> f64 {
+        self.predicted.ttft_s + self.workload.gen_tokens as f64 / self.predicted.decode_tok_s.max(1e-12)
+    }
+
     /// The tier a ubatch of `n` tokens runs with.
     pub fn tier_for(&self, n: u64) -> u32 {
         self.tiers.get(tier_index(&self.tiers, n)).copied().unwrap_or(1)

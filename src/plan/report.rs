@@ -82,6 +82,22 @@ fn table(plan: &Plan) -> String {
         plan.streaming,
         if plan.pinned { "pinned" } else { "pageable" }
     );
+    if let (Some(w), Some(sp)) = (plan.workload.speculation, p.speculation) {
+        let _ = writeln!(
+            s,
+            "speculative decoding: the draft ({}) reads the prompt in {:.3} s; each step drafts {} tokens ({:.2} ms each) and verifies them in one batch of {} ({:.1} ms, tier n={}); {:.2} tokens per step if each draft token is accepted with probability {:.2}; {:.1} tok/s without the draft",
+            if w.draft_on_gpu { "GPU" } else { "CPU" },
+            w.draft_prompt_s,
+            w.draft_tokens,
+            w.draft_token_s * 1e3,
+            w.verify_tokens(),
+            sp.verify_s * 1e3,
+            w.verify_tokens(),
+            sp.tokens_per_step,
+            w.acceptance,
+            sp.plain_decode_tok_s
+        );
+    }
     if plan.hybrid_gpu_experts > 0 {
         let _ = writeln!(
             s,

@@ -26,6 +26,11 @@ struct Plan {
     cpu_tokens: Vec<i64>,
     gpu_tokens: Vec<i64>,
     shape: (i64, i64),
+    /// A smaller weight (an attention projection's size) timed on the GPU
+    /// at these batch sizes: big batches run it less efficiently than
+    /// `shape`. Small batches are left out: four such weights fit in the
+    /// GPU's cache, which a model's weights do not.
+    gpu_small: Option<((i64, i64), Vec<i64>)>,
     expert_shape: (i64, i64, i64, i64),
     min_time: Duration,
     attn: Vec<(i64, i64)>,
@@ -40,6 +45,7 @@ fn plan_for(mode: ProfileMode) -> Plan {
             cpu_tokens: vec![1, 16],
             gpu_tokens: vec![1, 512],
             shape: (1024, 1024),
+            gpu_small: None,
             expert_shape: (512, 256, 16, 4),
             min_time: Duration::from_millis(5),
             attn: vec![(1, 256)],
@@ -52,6 +58,7 @@ fn plan_for(mode: ProfileMode) -> Plan {
             // 4096 x 32768: 72 MiB at 4.5 bits, larger than the caches, so
             // small batches measure memory, not cache, bandwidth.
             shape: (4096, 32768),
+            gpu_small: Some(((4096, 4096), vec![512, 4096])),
             expert_shape: (2048, 768, 128, 8),
             min_time: Duration::from_millis(30),
             attn: vec![(1, 4096), (512, 4096), (4096, 4096)],
@@ -64,6 +71,7 @@ fn plan_for(mode: ProfileMode) -> Plan {
             // 4096 x 32768: 72 MiB at 4.5 bits, larger than the caches, so
             // small batches measure memory, not cache, bandwidth.
             shape: (4096, 32768),
+            gpu_small: Some(((4096, 4096), vec![512, 1024, 2048, 4096])),
             expert_shape: (2048, 768, 128, 8),
             min_time: Duration::from_millis(100),
             attn: vec![
@@ -113,16 +121,16 @@ struct Sweep<'a> {
 }
 
 impl Sweep<'_> {
-    /// Dense matmuls of every planned type at each batch size.
+    /// Dense `k` x `n` matmuls of every planned type at each batch size.
     fn dense(
         &self,
+        (k, n): (i64, i64),
         tokens: &[i64],
         types: &[GgmlType],
         link_busy: bool,
         out: &mut Vec<MatmulSample>,
         step: &mut dyn FnMut(),
     ) -> Result<(), ProfileError> {
-        let (k, n) = self.plan.shape;
         for &ty in types {
             for &t in tokens {
                 let seconds =
@@ -215,7 +223,9 @@ pub fn measure(
 
     let n_types = plan.types.len() as u64;
     let gpu_steps = if gpu.is_some() {
-        n_types * plan.gpu_tokens.len() as u64 + 4 + plan.attn.len() as u64
+        n_types * (plan.gpu_tokens.len() + plan.gpu_small.as_ref().map_or(0, |s| s.1.len())) as u64
+            + 4
+            + plan.attn.len() as u64
     } else {
         0
     };
@@ -246,10 +256,14 @@ pub fn measure(
             device: Device::Cpu,
             backend: &cpu,
         };
-        sweep.dense(&plan.cpu_tokens, &plan.types, false, &mut matmul, &mut tick)?;
+        sweep.dense(plan.shape, &plan.cpu_tokens, &plan.types, false, &mut matmul, &mut tick)?;
         sweep.experts(&[1, 16], &mut matmul, &mut tick)?;
+        // A prompt chunk's attention on the CPU costs far less per query
+        // than a few queries' (measured on the H200's host: R1 with 24 of
+        // 32 layers' KV on the CPU prefilled 4,090 tokens in 0.92 s where
+        // 64-query samples predicted 11 s), so chunks are sampled too.
         sweep.attention(
-            if mode == ProfileMode::Tiny { 1 } else { 64 },
+            if mode == ProfileMode::Tiny { 1 } else { 512 },
             &mut attention,
             &mut tick,
         )?;
@@ -268,7 +282,10 @@ pub fn measure(
             device: Device::Gpu,
             backend: &gb,
         };
-        sweep.dense(&plan.gpu_tokens, &plan.types, false, &mut matmul, &mut tick)?;
+        sweep.dense(plan.shape, &plan.gpu_tokens, &plan.types, false, &mut matmul, &mut tick)?;
+        if let Some((shape, tokens)) = &plan.gpu_small {
+            sweep.dense(*shape, tokens, &plan.types, false, &mut matmul, &mut tick)?;
+        }
         sweep.experts(&[1, 512, 4096], &mut matmul, &mut tick)?;
         sweep.attention(i64::MAX, &mut attention, &mut tick)?;
         // CPU matmuls while the link streams host-to-device copies.
@@ -290,7 +307,14 @@ pub fn measure(
                         device: Device::Cpu,
                         backend: &cpu,
                     };
-                    sweep.dense(&plan.cpu_tokens, &[GgmlType::Q4_0], true, &mut matmul, &mut tick)
+                    sweep.dense(
+                        plan.shape,
+                        &plan.cpu_tokens,
+                        &[GgmlType::Q4_0],
+                        true,
+                        &mut matmul,
+                        &mut tick,
+                    )
                 });
                 stop.store(true, std::sync::atomic::Ordering::Relaxed);
                 let _ = copier.join();

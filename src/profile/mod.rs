@@ -214,8 +214,10 @@ impl MachineProfile {
 
     /// Predicted seconds for `tokens` columns through a `k × n` weight of
     /// type `ty` on `device`: the nearest measured sample of that type (by
-    /// log-distance in tokens), scaled by the work ratio. Types never
-    /// measured fall back to the closest type by bits per weight.
+    /// log-distance in tokens), scaled by the work ratio; where weights of
+    /// several sizes were measured at this batch, interpolated between them
+    /// by size. Types never measured fall back to the closest type by bits
+    /// per weight.
     pub fn matmul_seconds(&self, device: Device, ty: GgmlType, k: u64, n: u64, tokens: u64, link_busy: bool) -> f64 {
         let samples: Vec<&MatmulSample> = self
             .matmul
@@ -233,39 +235,35 @@ impl MachineProfile {
         let Some(ty_name) = nearest_type(&samples, ty) else {
             return f64::INFINITY;
         };
-        let same: Vec<&&MatmulSample> = samples.iter().filter(|s| s.ty == ty_name).collect();
-        // Two nearest batch sizes around `tokens`, interpolated per token.
-        let mut by_dist: Vec<&&&MatmulSample> = same.iter().collect();
-        by_dist.sort_by(|a, b| closer_in_batch(a.tokens, b.tokens, tokens));
-        let Some(best) = by_dist.first() else {
-            return f64::INFINITY;
-        };
-        let work = |s: &MatmulSample| (s.k * s.n) as f64;
-        let per_weight = best.seconds / work(best);
-        let scale = (k * n) as f64;
-        // Scale in tokens only beyond the largest measured batch (compute-bound
-        // there) or below the smallest (weight-read-bound: flat).
-        let max_t = same.iter().map(|s| s.tokens).max().unwrap_or(1);
-        let t = if tokens as i64 > max_t && best.tokens == max_t {
-            per_weight * scale * tokens as f64 / max_t as f64
-        } else {
-            per_weight * scale
-        };
-        // Between two samples, interpolate linearly in tokens.
-        if let Some(second) = by_dist.get(1) {
-            let (lo, hi) = if best.tokens < second.tokens {
-                (best, second)
-            } else {
-                (second, best)
-            };
-            if (lo.tokens as u64) < tokens && tokens < hi.tokens as u64 {
-                let a = lo.seconds / work(lo) * scale;
-                let b = hi.seconds / work(hi) * scale;
-                let f = (tokens as f64 - lo.tokens as f64) / (hi.tokens - lo.tokens) as f64;
-                return a + (b - a) * f;
+        let same: Vec<&MatmulSample> = samples.iter().copied().filter(|s| s.ty == ty_name).collect();
+        // Each measured shape predicts from its own samples; where shapes of
+        // different sizes cover this batch (big batches, where a small
+        // weight keeps the GPU less busy), interpolate between them in log
+        // weight size.
+        let mut shapes: Vec<(i64, i64)> = same.iter().map(|s| (s.k, s.n)).collect();
+        shapes.sort_by_key(|&(k, n)| k * n);
+        shapes.dedup();
+        let mut by_size: Vec<(f64, f64)> = shapes
+            .iter()
+            .filter_map(|&shape| {
+                let of_shape: Vec<&MatmulSample> = same.iter().copied().filter(|s| (s.k, s.n) == shape).collect();
+                let min_t = of_shape.iter().map(|s| s.tokens).min()?;
+                if shape != shapes[shapes.len() - 1] && (tokens as i64) < min_t {
+                    return None;
+                }
+                Some((((shape.0 * shape.1) as f64).ln(), scaled_from(&of_shape, k, n, tokens)))
+            })
+            .collect();
+        by_size.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
+        let size = ((k * n).max(1) as f64).ln();
+        match by_size.iter().position(|&(s, _)| s >= size) {
+            None => by_size.last().map_or(f64::INFINITY, |x| x.1),
+            Some(0) => by_size[0].1,
+            Some(i) => {
+                let (lo, hi) = (by_size[i - 1], by_size[i]);
+                lo.1 + (hi.1 - lo.1) * (size - lo.0) / (hi.0 - lo.0)
             }
         }
-        t
     }
 
     /// Predicted seconds for an expert matmul: `tokens` tokens each using
@@ -347,6 +345,41 @@ impl MachineProfile {
     }
 }
 
+/// Seconds of a `k` x `n` matmul over `tokens` columns from the samples of
+/// one type and shape: the nearest batch size (by log-distance), scaled by
+/// the weight size; linear in tokens between two samples, beyond the
+/// largest (compute-bound) and flat below the smallest (weight-read-bound).
+fn scaled_from(same: &[&MatmulSample], k: u64, n: u64, tokens: u64) -> f64 {
+    let mut by_dist: Vec<&&MatmulSample> = same.iter().collect();
+    by_dist.sort_by(|a, b| closer_in_batch(a.tokens, b.tokens, tokens));
+    let Some(best) = by_dist.first() else {
+        return f64::INFINITY;
+    };
+    let work = |s: &MatmulSample| (s.k * s.n) as f64;
+    let per_weight = best.seconds / work(best);
+    let scale = (k * n) as f64;
+    let max_t = same.iter().map(|s| s.tokens).max().unwrap_or(1);
+    let t = if tokens as i64 > max_t && best.tokens == max_t {
+        per_weight * scale * tokens as f64 / max_t as f64
+    } else {
+        per_weight * scale
+    };
+    if let Some(second) = by_dist.get(1) {
+        let (lo, hi) = if best.tokens < second.tokens {
+            (best, second)
+        } else {
+            (second, best)
+        };
+        if (lo.tokens as u64) < tokens && tokens < hi.tokens as u64 {
+            let a = lo.seconds / work(lo) * scale;
+            let b = hi.seconds / work(hi) * scale;
+            let f = (tokens as f64 - lo.tokens as f64) / (hi.tokens - lo.tokens) as f64;
+            return a + (b - a) * f;
+        }
+    }
+    t
+}
+
 /// Orders two measured batch sizes by how close they are to `tokens` on a
 /// log scale (the nearest sample first).
 fn closer_in_batch(a: i64, b: i64, tokens: u64) -> std::cmp::Ordering {
@@ -423,6 +456,34 @@ mod tests {
         };
         p.make_monotone();
         p
+    }
+
+    #[test]
+    fn a_smaller_weight_measured_at_big_batches_sets_their_rate() {
+        let mut p = profile();
+        let gpu = |k: i64, n: i64, tokens: i64, seconds: f64| MatmulSample {
+            k,
+            n,
+            ..sample(Device::Gpu, "q4_0", tokens, seconds)
+        };
+        // The small weight runs big batches at half the big one's rate per weight.
+        p.matmul.extend([
+            gpu(4096, 32768, 1, 1e-5),
+            gpu(4096, 32768, 4096, 1e-2),
+            gpu(4096, 4096, 512, 0.25e-3),
+            gpu(4096, 4096, 4096, 2.5e-3),
+        ]);
+        let t = |k: u64, n: u64, tokens: u64| p.matmul_seconds(Device::Gpu, GgmlType::Q4_0, k, n, tokens, false);
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1e-12);
+        assert!(close(t(4096, 32768, 4096), 1e-2));
+        assert!(close(t(4096, 4096, 4096), 2.5e-3));
+        // Smaller than every measured weight: the small one's rate.
+        assert!(close(t(4096, 1024, 4096), 2.5e-3 / 4.0));
+        // Between the two sizes: between their rates, in log size.
+        let mid = t(4096, 11585, 4096) / 11585.0;
+        assert!(mid < 2.5e-3 / 4096.0 && mid > 1e-2 / 32768.0, "{mid}");
+        // Batches below the small weight's samples (cached there) use the big one.
+        assert!(close(t(4096, 4096, 1), 1e-5 / 8.0));
     }
 
     #[test]

@@ -140,6 +140,7 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
             .filter(|&on| on)
             .map(|_| (config.n_ctx as u64 / config.n_parallel.max(1) as u64).max(64))
             .collect(),
+        draft: None,
     };
     let planned = crate::plan::runtime::plan_for_model(&source, &path, config.n_ctx as u64, threads, |_, _| {})
         .map_err(|e| err(&e))?;

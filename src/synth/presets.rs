@@ -166,6 +166,18 @@ fn all_presets() -> Vec<ArchPreset> {
         },
         vision: None,
     };
+    // Llama-3.2-1B: the usual draft model for Llama-3.1-8B (same tokenizer).
+    let llama32_1b = ArchPreset {
+        name: "llama3.2-1b",
+        n_layer: 16,
+        n_embd: 2048,
+        n_ff: 8192,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 64,
+        tied_embeddings: true,
+        ..llama31.clone()
+    };
     let qwen3_8b = ArchPreset {
         name: "qwen3-8b",
         arch: "qwen3",
@@ -195,6 +207,18 @@ fn all_presets() -> Vec<ArchPreset> {
         n_expert: 128,
         n_expert_used: 8,
         n_ff_exp: 768,
+        ..qwen3_8b.clone()
+    };
+    // Qwen3-0.6B: a draft model for the Qwen3 family (same tokenizer).
+    let qwen3_06b = ArchPreset {
+        name: "qwen3-0.6b",
+        n_layer: 28,
+        n_embd: 1024,
+        n_ff: 3072,
+        n_head: 16,
+        n_head_kv: 8,
+        head_dim: 128,
+        tied_embeddings: true,
         ..qwen3_8b.clone()
     };
     let qwen3_235b = ArchPreset {
@@ -276,6 +300,15 @@ fn all_presets() -> Vec<ArchPreset> {
         },
         ..llama31.clone()
     };
+    // A draft for tiny-llama3.1-8b: the same tokenizer, two thin layers.
+    let tiny_llama32_1b = ArchPreset {
+        name: "tiny-llama3.2-1b",
+        n_layer: 2,
+        n_ff: 512,
+        n_head_kv: 1,
+        tied_embeddings: true,
+        ..tiny_llama.clone()
+    };
     let tiny_qwen3 = ArchPreset {
         name: "tiny-qwen3-8b",
         n_layer: 4,
@@ -288,6 +321,13 @@ fn all_presets() -> Vec<ArchPreset> {
         n_ctx_train: 4096,
         tokenizer: TINY_QWEN3_TOK,
         ..qwen3_8b.clone()
+    };
+    let tiny_qwen3_06b = ArchPreset {
+        name: "tiny-qwen3-0.6b",
+        n_layer: 2,
+        n_ff: 512,
+        tied_embeddings: true,
+        ..tiny_qwen3.clone()
     };
     let tiny_qwen3_30b = ArchPreset {
         name: "tiny-qwen3-30b-a3b",
@@ -370,13 +410,17 @@ fn all_presets() -> Vec<ArchPreset> {
     };
     vec![
         llama31,
+        llama32_1b,
         qwen3_8b,
+        qwen3_06b,
         qwen3_30b,
         qwen3_235b,
         minitron,
         qwen25vl,
         tiny_llama,
+        tiny_llama32_1b,
         tiny_qwen3,
+        tiny_qwen3_06b,
         tiny_qwen3_30b,
         tiny_qwen3_235b,
         tiny_minitron,

@@ -1,7 +1,11 @@
 //! Text generation on top of the engine: prompt processing, sampling,
 //! streaming and timings.
 
+mod speculative;
+
 use std::time::Instant;
+
+pub use speculative::{generate_speculative, DraftParams, SpeculationStats};
 
 use crate::engine::{Context, EngineError, Model, Sampler, SamplingParams, Token};
 
@@ -15,6 +19,8 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     /// Stop when the generated text contains one of these strings.
     pub stop: Vec<String>,
+    /// Keep going past end-of-generation tokens (llama.cpp's `--ignore-eos`).
+    pub ignore_eos: bool,
 }
 
 /// Why generation ended.
@@ -113,21 +119,32 @@ pub fn generate(
     req: &GenerateRequest,
     on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerateOutput, EngineError> {
-    let model: &Model = ctx.model();
+    let n_ctx = ctx.n_ctx() as usize;
+    let (sampler, prompt) = evaluate_prompt(ctx, req, n_ctx)?;
+    let out = Emitter::new(ctx.model(), req.n_predict, req.ignore_eos, &req.stop, on_text);
+    continue_generation(ctx, sampler, prompt, out)
+}
+
+/// Check that `req`'s prompt is not empty and leaves room in `n_ctx`
+/// tokens, then evaluate it into a cleared sequence 0 of `ctx`: the sampler
+/// (which has seen the prompt) and where generation continues.
+fn evaluate_prompt(
+    ctx: &mut Context<'_>,
+    req: &GenerateRequest,
+    n_ctx: usize,
+) -> Result<(Sampler, EvaluatedPrompt), EngineError> {
     if req.prompt.is_empty() {
         return Err(EngineError::InvalidArgument("the prompt is empty".into()));
     }
-    let n_ctx = ctx.n_ctx() as usize;
     if req.prompt.len() >= n_ctx {
         return Err(EngineError::ContextOverflow {
             n_tokens: req.prompt.len(),
             n_ctx: n_ctx as u32,
         });
     }
-    let mut sampler = Sampler::new(model, &req.sampling)?;
+    let mut sampler = Sampler::new(ctx.model(), &req.sampling)?;
     ctx.clear();
-
-    let t0 = Instant::now();
+    let started = Instant::now();
     ctx.decode_tokens(&req.prompt, 0, true)?;
     for &t in &req.prompt {
         sampler.accept(t);
@@ -135,9 +152,9 @@ pub fn generate(
     let prompt = EvaluatedPrompt {
         n_past: req.prompt.len() as i32,
         n_tokens: req.prompt.len(),
-        started: t0,
+        started,
     };
-    continue_generation(ctx, sampler, prompt, req.n_predict, &req.stop, on_text)
+    Ok((sampler, prompt))
 }
 
 /// Generate after a prompt that something else evaluated into sequence 0
@@ -151,71 +168,90 @@ pub fn generate_from(
     on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerateOutput, EngineError> {
     let sampler = Sampler::new(ctx.model(), sampling)?;
-    continue_generation(ctx, sampler, prompt, n_predict, stop, on_text)
+    let out = Emitter::new(ctx.model(), n_predict, false, stop, on_text);
+    continue_generation(ctx, sampler, prompt, out)
 }
 
-fn continue_generation(
-    ctx: &mut Context<'_>,
-    mut sampler: Sampler,
-    prompt: EvaluatedPrompt,
+/// Collects generated tokens into text: streams each new piece to the
+/// consumer and decides when generation ends (end of generation, a stop
+/// string, `n_predict`, cancellation).
+pub(crate) struct Emitter<'a, F: FnMut(&str) -> bool> {
+    model: &'a Model,
     n_predict: usize,
-    stops: &[String],
-    mut on_text: impl FnMut(&str) -> bool,
-) -> Result<GenerateOutput, EngineError> {
-    let model: &Model = ctx.model();
-    let n_ctx = ctx.n_ctx() as usize;
-    let t0 = prompt.started;
-    let mut text = String::new();
-    let mut tokens = Vec::new();
-    let mut utf8 = Utf8Stream::default();
-    let mut pos = prompt.n_past;
-    let mut ttft = None;
-    let stop;
-    let mut sampled = sampler.sample(ctx, -1);
-    ttft.get_or_insert_with(|| t0.elapsed());
-    let t_first = Instant::now();
-    loop {
-        if model.is_eog(sampled) {
-            stop = StopReason::Eos;
-            break;
+    ignore_eos: bool,
+    stops: &'a [String],
+    on_text: F,
+    text: String,
+    tokens: Vec<Token>,
+    utf8: Utf8Stream,
+}
+
+impl<'a, F: FnMut(&str) -> bool> Emitter<'a, F> {
+    pub(crate) fn new(model: &'a Model, n_predict: usize, ignore_eos: bool, stops: &'a [String], on_text: F) -> Self {
+        Emitter {
+            model,
+            n_predict,
+            ignore_eos,
+            stops,
+            on_text,
+            text: String::new(),
+            tokens: Vec::new(),
+            utf8: Utf8Stream::default(),
         }
-        tokens.push(sampled);
-        let piece = utf8.push(&model.token_to_bytes(sampled, false)?);
+    }
+
+    /// Take a sampled token; returns why generation ends with it, if it does.
+    pub(crate) fn push(&mut self, token: Token) -> Result<Option<StopReason>, EngineError> {
+        if !self.ignore_eos && self.model.is_eog(token) {
+            return Ok(Some(StopReason::Eos));
+        }
+        self.tokens.push(token);
+        let piece = self.utf8.push(&self.model.token_to_bytes(token, false)?);
         if !piece.is_empty() {
-            text.push_str(&piece);
-            if let Some(cut) = find_stop(&text, stops) {
-                text.truncate(cut);
-                stop = StopReason::StopString;
-                break;
+            self.text.push_str(&piece);
+            if let Some(cut) = find_stop(&self.text, self.stops) {
+                self.text.truncate(cut);
+                return Ok(Some(StopReason::StopString));
             }
-            if !on_text(&piece) {
-                stop = StopReason::Cancelled;
-                break;
+            if !(self.on_text)(&piece) {
+                return Ok(Some(StopReason::Cancelled));
             }
         }
-        if tokens.len() >= n_predict {
-            stop = StopReason::Length;
-            break;
+        if self.tokens.len() >= self.n_predict {
+            return Ok(Some(StopReason::Length));
         }
-        if pos as usize + 1 >= n_ctx {
-            stop = StopReason::ContextFull;
-            break;
+        Ok(None)
+    }
+
+    /// Tokens taken so far.
+    pub(crate) fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The text and tokens, with what the UTF-8 stream still held.
+    pub(crate) fn finish(mut self, stop: StopReason) -> (String, Vec<Token>) {
+        let rest = self.utf8.finish();
+        if !rest.is_empty() && stop != StopReason::StopString {
+            self.text.push_str(&rest);
+            (self.on_text)(&rest);
         }
-        ctx.decode_tokens(&[sampled], pos, true)?;
-        pos += 1;
-        sampled = sampler.sample(ctx, -1);
+        (self.text, self.tokens)
     }
-    let rest = utf8.finish();
-    if !rest.is_empty() && stop != StopReason::StopString {
-        text.push_str(&rest);
-        on_text(&rest);
-    }
-    let ttft = ttft.unwrap_or_default();
-    let decode = t_first.elapsed();
-    let decoded = tokens.len().saturating_sub(1);
-    let stats = GenerateStats {
+}
+
+/// The statistics of a generation that sampled its first token `ttft`
+/// after `prompt.started` and finished the others `decode` after that.
+pub(crate) fn stats(
+    prompt: &EvaluatedPrompt,
+    n_generated: usize,
+    ttft: std::time::Duration,
+    decode: std::time::Duration,
+    stop: StopReason,
+) -> GenerateStats {
+    let decoded = n_generated.saturating_sub(1);
+    GenerateStats {
         prompt_tokens: prompt.n_tokens,
-        generated_tokens: tokens.len(),
+        generated_tokens: n_generated,
         ttft_ms: ttft.as_secs_f64() * 1e3,
         prompt_tokens_per_s: prompt.n_tokens as f64 / ttft.as_secs_f64().max(1e-9),
         decode_ms: decode.as_secs_f64() * 1e3,
@@ -225,7 +261,34 @@ fn continue_generation(
             0.0
         },
         stop,
+    }
+}
+
+fn continue_generation<F: FnMut(&str) -> bool>(
+    ctx: &mut Context<'_>,
+    mut sampler: Sampler,
+    prompt: EvaluatedPrompt,
+    mut out: Emitter<'_, F>,
+) -> Result<GenerateOutput, EngineError> {
+    let n_ctx = ctx.n_ctx() as usize;
+    let mut pos = prompt.n_past;
+    let mut sampled = sampler.sample(ctx, -1);
+    let ttft = prompt.started.elapsed();
+    let t_first = Instant::now();
+    let stop = loop {
+        if let Some(stop) = out.push(sampled)? {
+            break stop;
+        }
+        if pos as usize + 1 >= n_ctx {
+            break StopReason::ContextFull;
+        }
+        ctx.decode_tokens(&[sampled], pos, true)?;
+        pos += 1;
+        sampled = sampler.sample(ctx, -1);
     };
+    let decode = t_first.elapsed();
+    let (text, tokens) = out.finish(stop);
+    let stats = stats(&prompt, tokens.len(), ttft, decode, stop);
     Ok(GenerateOutput { text, tokens, stats })
 }
 
