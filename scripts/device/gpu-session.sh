@@ -668,19 +668,41 @@ y6() {
     one r2-4g-b r2 4GiB pipeshard
 }
 
-# h3 (H100): y6 on the H100 host: its profile re-measured with the new
-# samples, and R1/R2 at their reference budgets and one more each.
-h3() {
+# y7 (H200) and h4 (H100): the profile with read-bound matmuls timed over
+# 1 GiB of weights (four 75 MB weights sat partly in the host's cache), and
+# R1/R2 against its predictions.
+ycold() {
     yprep > /dev/null
-    lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
+    lscpu | grep -E "Model name|^CPU\\(s\\)" | tee -a "$RES/machine.txt"
     xprofile
     [[ -f $W/r2.gguf ]] || $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf"
     one r1-2g r1 2GiB pipeshard
     one r1-4g r1 4GiB pipeshard
     one r2-4g r2 4GiB pipeshard
     one r2-8g r2 8GiB pipeshard
+}
+y7() { ycold; }
+h4() { ycold; }
+
+# h3 (H100): y6's steps on the H100 host (its profile re-measured with the
+# 512-query and small-weight samples), R1/R2 at their reference budgets and
+# one more each, then the reference budgets again.
+h3() {
+    ycold
     one r1-2g-b r1 2GiB pipeshard
     one r2-4g-b r2 4GiB pipeshard
+}
+
+# h5 (H100): R2 at 4 GiB with each GPU share of hybrid experts, twice, with
+# h4's profile (now profiles/...nvidia-h100-80gb-hbm3__t16.yaml).
+h5() {
+    yprep > /dev/null
+    [[ -f $W/r2.gguf ]] || $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf"
+    local k i
+    for i in a b; do
+        one r2-4g-$i r2 4GiB pipeshard
+        for k in 3 4 5; do one r2-4g-hyb$k-$i r2 4GiB pipeshard --hybrid-experts $k; done
+    done
 }
 
 "$@"

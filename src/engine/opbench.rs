@@ -244,15 +244,18 @@ pub fn time_mul_mat(
     min_time: Duration,
 ) -> Result<f64> {
     check_type(ty, k)?;
-    let ctx = new_ctx(1 + 2 * DENSE_LAYERS)?;
+    // SAFETY: plain query.
+    let weight_bytes = unsafe { ffi::ggml_row_size(ty, k) } as u64 * n as u64;
+    let layers = layers_to_time(weight_bytes, tokens, DENSE_LAYERS as u64) as usize;
+    let ctx = new_ctx(1 + 2 * layers)?;
     // SAFETY: tensors are created in ctx, allocated on backend, filled, and
     // the graph is computed; everything is freed by Graph's Drop.
     unsafe {
         let c = ctx.as_ptr();
         let x = ffi::ggml_new_tensor_2d(c, ffi::GGML_TYPE_F32, k, tokens);
-        let mut weights = Vec::with_capacity(DENSE_LAYERS);
-        let mut outs = Vec::with_capacity(DENSE_LAYERS);
-        for _ in 0..DENSE_LAYERS {
+        let mut weights = Vec::with_capacity(layers);
+        let mut outs = Vec::with_capacity(layers);
+        for _ in 0..layers {
             let w = ffi::ggml_new_tensor_2d(c, ty, k, n);
             outs.push(ffi::ggml_mul_mat(c, w, x));
             weights.push(w);
@@ -262,7 +265,7 @@ pub fn time_mul_mat(
             fill_random(w, 1 + 16 * i as u64);
         }
         fill_random(x, 2);
-        Ok(time_graph(backend, &g, 3, min_time)? / DENSE_LAYERS as f64)
+        Ok(time_graph(backend, &g, 3, min_time)? / layers as f64)
     }
 }
 
@@ -273,11 +276,37 @@ pub fn time_mul_mat(
 /// with 75–98 GB/s of memory bandwidth).
 const DENSE_LAYERS: usize = 4;
 
-/// Expert matmuls are timed with this many layers' worth of experts and
-/// fresh routing each repetition: in a model every layer has its own
-/// experts, so the few a token uses are rarely in a cache; timing the same
-/// ones over and over found them there (the CPU's decode was predicted ~50%
-/// fast). The op's cost depends on the experts used, not on how many exist.
+/// Batches up to this size read their weights from memory at a rate that
+/// caches distort; they are timed over [`COLD_BYTES`] of weights.
+const READ_BOUND_TOKENS: i64 = 4;
+
+/// Weights and experts read by one repetition of a read-bound matmul: more
+/// than a server's last-level cache holds, so each is read from memory as a
+/// model's are. Four 75 MB weights (300 MB) still read at 72 GB/s on the
+/// H200's host, where R1's 3.2 GB of CPU weights decoded at 53 GB/s
+/// (bench/results/h200-session6).
+const COLD_BYTES: u64 = 1 << 30;
+
+/// The most weights (or layers of experts) one benchmark allocates.
+const MAX_LAYERS: u64 = 64;
+
+/// How many weights (or layers of experts) of `layer_bytes` each a matmul
+/// over `tokens` columns is timed across: `at_least`, and for a read-bound
+/// batch enough to make [`COLD_BYTES`].
+fn layers_to_time(layer_bytes: u64, tokens: i64, at_least: u64) -> u64 {
+    if tokens <= READ_BOUND_TOKENS {
+        COLD_BYTES.div_ceil(layer_bytes.max(1)).clamp(at_least, MAX_LAYERS)
+    } else {
+        at_least
+    }
+}
+
+/// Expert matmuls are timed with at least this many layers' worth of
+/// experts (and [`COLD_BYTES`] for a read-bound batch) and fresh routing
+/// each repetition: in a model every layer has its own experts, so the few
+/// a token uses are rarely in a cache; timing the same ones over and over
+/// found them there (the CPU's decode was predicted ~50% fast). The op's
+/// cost depends on the experts used, not on how many exist.
 const EXPERT_LAYERS: i64 = 4;
 
 /// Seconds for a mixture-of-experts matmul: `n_expert` matrices of `k × n`,
@@ -293,7 +322,10 @@ pub fn time_mul_mat_id(
 ) -> Result<f64> {
     check_type(ty, k)?;
     let ctx = new_ctx(5)?;
-    let pool = n_expert * EXPERT_LAYERS;
+    // SAFETY: plain query.
+    let layer_bytes = unsafe { ffi::ggml_row_size(ty, k) } as u64 * (n * n_expert) as u64;
+    let layers = layers_to_time(layer_bytes, tokens, EXPERT_LAYERS as u64) as i64;
+    let pool = n_expert * layers;
     // SAFETY: as in time_mul_mat; ids are written as i32 within range,
     // between repetitions (the backend has synchronised after each).
     unsafe {
@@ -311,7 +343,7 @@ pub fn time_mul_mat_id(
             // Each token routes to n_used distinct experts of one layer's n_expert.
             idv.clear();
             for _ in 0..tokens {
-                let layer = ((xorshift(&mut s) >> 32) % EXPERT_LAYERS as u64) as i32 * n_expert as i32;
+                let layer = ((xorshift(&mut s) >> 32) % layers as u64) as i32 * n_expert as i32;
                 let first = idv.len();
                 while idv.len() - first < n_used as usize {
                     let e = layer + (xorshift(&mut s) % n_expert as u64) as i32;
