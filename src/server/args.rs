@@ -71,6 +71,12 @@ static PIPESHARD_OPTS: &[UpstreamOpt] = &[
         env: Some("PIPESHARD_STREAM_SLOTS"),
     },
     UpstreamOpt {
+        names: &["--hybrid-experts"],
+        negated: &[],
+        values: 1,
+        env: Some("PIPESHARD_HYBRID_EXPERTS"),
+    },
+    UpstreamOpt {
         names: &["--backend-dir"],
         negated: &[],
         values: 1,
@@ -356,6 +362,7 @@ pub fn help_text() -> String {
          --profile FILE          machine profile (env PIPESHARD_PROFILE)\n  \
          --plan FILE             placement plan (env PIPESHARD_PLAN)\n  \
          --stream-slots N        device slots for streamed weights, 0-8, default 4 (env PIPESHARD_STREAM_SLOTS)\n  \
+         --hybrid-experts K      routed experts per token the GPU computes in decode, 0 off; default: the plan's (env PIPESHARD_HYBRID_EXPERTS)\n  \
          --backend-dir DIR       ggml backend modules (env PIPESHARD_BACKEND_DIR)\n  \
          --max-body-size BYTES   largest request body, default 64MiB (env PIPESHARD_MAX_BODY_SIZE)\n  \
          --media-dir DIR         let image_url name local files under DIR (env PIPESHARD_MEDIA_DIR)\n\n\
@@ -602,6 +609,9 @@ pub fn parse(argv: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Pa
             .filter(|n| *n <= 8)
             .ok_or_else(|| bad(&origin, &s, "expected 0 to 8"))?;
     }
+    if let Some(k) = g.parse::<u32>("--hybrid-experts")? {
+        c.hybrid_gpu_experts = Some(k);
+    }
     c.fit = g.string("--fit").map(|(s, _)| s);
     c.backend_dir = g.string("--backend-dir").map(|(s, _)| PathBuf::from(s));
     if let Some((s, origin)) = g.string("--max-body-size") {
@@ -720,6 +730,12 @@ mod tests {
         let (c, _) = run(&["--vram-budget", "6GiB", "--n-cpu-moe", "2"], &[]).unwrap();
         assert_eq!(c.vram_budget, Some(6 << 30));
         assert_eq!(c.tensor_overrides.len(), 2);
+        assert_eq!(c.hybrid_gpu_experts, None);
+        let (c, _) = run(&["--hybrid-experts", "3"], &[]).unwrap();
+        assert_eq!(c.hybrid_gpu_experts, Some(3));
+        let (c, _) = run(&[], &[("PIPESHARD_HYBRID_EXPERTS", "0")]).unwrap();
+        assert_eq!(c.hybrid_gpu_experts, Some(0));
+        assert!(run(&["--hybrid-experts", "many"], &[]).is_err());
         assert_eq!(parse_bytes("1.5k"), Some(1536));
         assert_eq!(parse_bytes("abc"), None);
     }

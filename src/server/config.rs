@@ -84,6 +84,9 @@ pub struct ServerConfig {
     pub plan: Option<PathBuf>,
     /// pipeshard: device slots for streamed weights (`--stream-slots`).
     pub stream_slots: u32,
+    /// pipeshard: routed experts per token the GPU computes in decode
+    /// (`--hybrid-experts`); None: the plan's choice.
+    pub hybrid_gpu_experts: Option<u32>,
     /// upstream `--fit`, stored for the planner.
     pub fit: Option<String>,
     /// Directory with ggml backend modules.
@@ -139,6 +142,7 @@ impl Default for ServerConfig {
             profile: None,
             plan: None,
             stream_slots: crate::plan::DEFAULT_STREAM_SLOTS,
+            hybrid_gpu_experts: None,
             fit: None,
             backend_dir: None,
         }

@@ -131,7 +131,7 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         budget: config.vram_budget,
         profile: config.profile.clone(),
         stream_slots: config.stream_slots,
-        hybrid_gpu_experts: None,
+        hybrid_gpu_experts: config.hybrid_gpu_experts,
         vision: vision.unwrap_or_default(),
         // The vision worker and the embedder each have a context of one
         // slot's length beside the slots' own.
