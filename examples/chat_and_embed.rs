@@ -19,13 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }];
     let prompt = apply_chat_template(&template, &messages, true)?;
     let mut ctx = Context::new(&model, ContextParams::default())?;
-    let req = GenerateRequest {
-        prompt: model.tokenize(&prompt, false, true)?,
-        n_predict: 32,
-        sampling: SamplingParams::greedy(),
-        stop: vec![],
-        ignore_eos: false,
-    };
+    let req = GenerateRequest::new(model.tokenize(&prompt, false, true)?, 32, SamplingParams::greedy());
     println!("assistant: {}", generate(&mut ctx, &req, |_| true)?.text);
 
     let embed = |text: &str| -> Result<Vec<f32>, Box<dyn std::error::Error>> {

@@ -20,13 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let model = Model::load(&path, ModelParams::default())?;
     let mut ctx = Context::new(&model, ContextParams::default())?;
-    let req = GenerateRequest {
-        prompt: model.tokenize(&prompt, true, false)?,
-        n_predict: 64,
-        sampling: SamplingParams::greedy(),
-        stop: vec![],
-        ignore_eos: false,
-    };
+    let req = GenerateRequest::new(model.tokenize(&prompt, true, false)?, 64, SamplingParams::greedy());
     let out = generate(&mut ctx, &req, |piece| {
         print!("{piece}");
         std::io::stdout().flush().is_ok()

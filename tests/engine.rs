@@ -20,13 +20,11 @@ fn ctx_params() -> ContextParams {
 
 fn greedy(model: &Model, prompt: &str, n: usize) -> (Vec<Token>, String) {
     let mut ctx = Context::new(model, ctx_params()).unwrap();
-    let req = GenerateRequest {
-        prompt: model.tokenize(prompt, true, false).unwrap(),
-        n_predict: n,
-        sampling: SamplingParams::greedy(),
-        stop: vec![],
-        ignore_eos: false,
-    };
+    let req = GenerateRequest::new(
+        model.tokenize(prompt, true, false).unwrap(),
+        n,
+        SamplingParams::greedy(),
+    );
     let mut streamed = String::new();
     let out = generate(&mut ctx, &req, |p| {
         streamed.push_str(p);
@@ -91,17 +89,12 @@ fn seeded_sampling_is_reproducible() {
     let model = common::load_default_model();
     let run = |seed| {
         let mut ctx = Context::new(&model, ctx_params()).unwrap();
-        let req = GenerateRequest {
-            prompt: model.tokenize("Once upon a time", true, false).unwrap(),
-            n_predict: 24,
-            sampling: SamplingParams {
-                temperature: 1.0,
-                seed,
-                ..Default::default()
-            },
-            stop: vec![],
-            ignore_eos: false,
+        let sampling = SamplingParams {
+            temperature: 1.0,
+            seed,
+            ..Default::default()
         };
+        let req = GenerateRequest::new(model.tokenize("Once upon a time", true, false).unwrap(), 24, sampling);
         generate(&mut ctx, &req, |_| true).unwrap().tokens
     };
     assert_eq!(run(7), run(7));
@@ -119,13 +112,11 @@ fn flash_attention_does_not_change_greedy_tokens() {
             },
         )
         .unwrap();
-        let req = GenerateRequest {
-            prompt: model.tokenize("List three fruits:", true, false).unwrap(),
-            n_predict: 16,
-            sampling: SamplingParams::greedy(),
-            stop: vec![],
-            ignore_eos: false,
-        };
+        let req = GenerateRequest::new(
+            model.tokenize("List three fruits:", true, false).unwrap(),
+            16,
+            SamplingParams::greedy(),
+        );
         generate(&mut ctx, &req, |_| true).unwrap().tokens
     };
     assert_eq!(run(FlashAttention::On), run(FlashAttention::Off));
@@ -200,13 +191,11 @@ fn chat_generation_stops_at_end_of_turn() {
     }];
     let prompt = apply_chat_template(&tmpl, &msgs, true).unwrap();
     let mut ctx = Context::new(&model, ctx_params()).unwrap();
-    let req = GenerateRequest {
-        prompt: model.tokenize(&prompt, false, true).unwrap(),
-        n_predict: 64,
-        sampling: SamplingParams::greedy(),
-        stop: vec![],
-        ignore_eos: false,
-    };
+    let req = GenerateRequest::new(
+        model.tokenize(&prompt, false, true).unwrap(),
+        64,
+        SamplingParams::greedy(),
+    );
     let out = generate(&mut ctx, &req, |_| true).unwrap();
     assert_eq!(out.stats.stop, StopReason::Eos, "{:?}", out.text);
     assert!(out.text.contains("Paris"), "{:?}", out.text);

@@ -68,13 +68,7 @@ fn offload_callback_sees_each_weight_op_with_its_tier() {
     };
     let mut ctx = Context::new(&model, params.clone()).unwrap();
     let prompt = model.tokenize(&"word ".repeat(40), true, false).unwrap();
-    let req = GenerateRequest {
-        prompt: prompt.clone(),
-        n_predict: 4,
-        sampling: SamplingParams::greedy(),
-        stop: vec![],
-        ignore_eos: false,
-    };
+    let req = GenerateRequest::new(prompt.clone(), 4, SamplingParams::greedy());
     let with_policy = generate(&mut ctx, &req, |_| true).unwrap();
     let calls = calls.lock().unwrap().clone();
 
@@ -228,13 +222,7 @@ fn stream_slots_without_a_gpu_change_nothing() {
     let model = common::load_default_model();
     let params = common::small_context_params();
     let prompt = model.tokenize("The capital of France is", true, false).unwrap();
-    let req = GenerateRequest {
-        prompt,
-        n_predict: 8,
-        sampling: SamplingParams::greedy(),
-        stop: vec![],
-        ignore_eos: false,
-    };
+    let req = GenerateRequest::new(prompt, 8, SamplingParams::greedy());
     let mut plain = Context::new(&model, params.clone()).unwrap();
     let a = generate(&mut plain, &req, |_| true).unwrap();
     let mut streamed = Context::new(
@@ -260,13 +248,11 @@ fn hybrid_experts_without_a_gpu_change_nothing() {
     let path = common::synth_tiny_model(&dir, "tiny-qwen3-30b-a3b", pipeshard::synth::Quant::Q8_0);
     let model = Model::load(&path, ModelParams::default()).unwrap();
     let params = common::small_context_params();
-    let req = GenerateRequest {
-        prompt: model.tokenize("hello world", true, false).unwrap(),
-        n_predict: 8,
-        sampling: SamplingParams::greedy(),
-        stop: vec![],
-        ignore_eos: false,
-    };
+    let req = GenerateRequest::new(
+        model.tokenize("hello world", true, false).unwrap(),
+        8,
+        SamplingParams::greedy(),
+    );
     let mut plain = Context::new(&model, params.clone()).unwrap();
     let a = generate(&mut plain, &req, |_| true).unwrap();
     let asked = Arc::new(Mutex::new(0u32));

@@ -9,11 +9,8 @@ use pipeshard::synth::Quant;
 
 fn request(model: &Model, prompt: &str, n_predict: usize, sampling: SamplingParams) -> GenerateRequest {
     GenerateRequest {
-        prompt: model.tokenize(prompt, true, false).unwrap(),
-        n_predict,
-        sampling,
-        stop: Vec::new(),
         ignore_eos: true,
+        ..GenerateRequest::new(model.tokenize(prompt, true, false).unwrap(), n_predict, sampling)
     }
 }
 
@@ -97,11 +94,8 @@ fn a_draft_that_disagrees_changes_nothing() {
     let model = load(&common::synth_tiny_model(&dir, "tiny-llama3.1-8b", Quant::Q8_0));
     let draft = load(&common::synth_tiny_model(&dir, "tiny-llama3.2-1b", Quant::Q8_0));
     let req = GenerateRequest {
-        prompt: (10..40).collect(),
-        n_predict: 32,
-        sampling: SamplingParams::greedy(),
-        stop: Vec::new(),
         ignore_eos: true,
+        ..GenerateRequest::new((10..40).collect(), 32, SamplingParams::greedy())
     };
     for n_max in [1, 5] {
         let params = DraftParams {

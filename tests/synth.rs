@@ -166,13 +166,7 @@ fn check_runs(preset: &presets::ArchPreset, quant: Quant, path: &Path) {
         "{what}: all logits are equal (the weights are not random)"
     );
 
-    let req = GenerateRequest {
-        prompt: prompt.clone(),
-        n_predict: GEN_TOKENS,
-        sampling: SamplingParams::greedy(),
-        stop: vec![],
-        ignore_eos: false,
-    };
+    let req = GenerateRequest::new(prompt.clone(), GEN_TOKENS, SamplingParams::greedy());
     let mut streamed = String::new();
     let out = generate(&mut ctx, &req, |piece| {
         streamed.push_str(piece);

@@ -84,11 +84,14 @@ fn parse_probability(s: &str) -> Result<f64, String> {
 }
 
 impl DraftArgs {
-    /// Draft layers on the GPU, as `ModelParams::n_gpu_layers` takes them.
-    pub fn n_gpu_layers(&self) -> Result<i32> {
-        match self.draft_ngl.trim() {
-            "auto" | "all" => Ok(-1),
-            n => n
+    /// Draft layers on the GPU, as `ModelParams::n_gpu_layers` takes them:
+    /// with `auto`, where `planned` (a plan's speculation) put the draft,
+    /// all layers without one.
+    pub fn n_gpu_layers(&self, planned: Option<&plan::Speculation>) -> Result<i32> {
+        match (self.draft_ngl.trim(), planned) {
+            ("auto", Some(s)) => Ok(if s.draft_on_gpu { -1 } else { 0 }),
+            ("auto" | "all", _) => Ok(-1),
+            (n, _) => n
                 .parse::<i32>()
                 .ok()
                 .filter(|&n| n >= -1)
@@ -111,7 +114,7 @@ impl DraftArgs {
     pub fn source(&self) -> Result<Option<plan::runtime::DraftSource>> {
         let on_gpu = match self.draft_ngl.trim() {
             "auto" => None,
-            _ => Some(self.n_gpu_layers()? != 0),
+            _ => Some(self.n_gpu_layers(None)? != 0),
         };
         Ok(self.draft_model.as_ref().map(|path| plan::runtime::DraftSource {
             path: path.clone(),

@@ -133,7 +133,8 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
             anyhow::bail!("speculative decoding (--spec-draft-model) does not take an --image yet");
         }
     }
-    let draft_ngl = args.draft.n_gpu_layers()?;
+    // A bad --spec-draft-ngl fails before anything loads.
+    args.draft.n_gpu_layers(None)?;
     let model_path = match &args.model {
         Some(p) => p.clone(),
         None => default_model::ensure().context("fetching the default model")?,
@@ -221,12 +222,13 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         ctx_params.n_outputs_max = ctx_params.n_outputs_max.max(args.draft.draft_n_max + 1);
     }
 
-    if let Some(s) = plan.as_ref().and_then(|(p, _)| p.predicted.speculation) {
+    let planned = plan.as_ref().and_then(|(p, _)| p.workload.speculation);
+    if let (Some(w), Some(s)) = (planned, plan.as_ref().and_then(|(p, _)| p.predicted.speculation)) {
         eprintln!(
             "plan: draft on the {}; speculative steps of {:.1} ms verifying {} tokens, {:.2} tokens per step at the assumed acceptance; {:.1} tok/s without the draft",
-            if plan.as_ref().and_then(|(p, _)| p.workload.speculation).is_some_and(|w| w.draft_on_gpu) { "GPU" } else { "CPU" },
+            if w.draft_on_gpu { "GPU" } else { "CPU" },
             s.step_s * 1e3,
-            args.draft.draft_n_max + 1,
+            w.verify_tokens(),
             s.tokens_per_step,
             s.plain_decode_tok_s
         );
@@ -236,18 +238,9 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
     let model = load_with_progress(&model_path, model_params, "loading")?;
     let mut ctx = Context::new(&model, ctx_params.clone()).context("creating the context")?;
     // With `auto`, a plan puts the draft where it predicted it pays.
-    let draft_ngl = match plan.as_ref().and_then(|(p, _)| p.workload.speculation) {
-        Some(s) if args.draft.draft_ngl.trim() == "auto" => {
-            if s.draft_on_gpu {
-                -1
-            } else {
-                0
-            }
-        }
-        _ => draft_ngl,
-    };
+    let draft_ngl = args.draft.n_gpu_layers(planned.as_ref())?;
     let speculate = match &plan {
-        Some((p, _)) if args.draft.draft_model.is_some() && p.workload.speculation.is_none() => {
+        Some(_) if args.draft.draft_model.is_some() && planned.is_none() => {
             eprintln!("plan: the draft model does not pay under this budget; decoding without it");
             false
         }
@@ -374,11 +367,8 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
             // A chat template already carries its special tokens as text.
             let prompt = model.tokenize(&prompt_text, !chat || model.add_bos(), chat)?;
             let req = GenerateRequest {
-                prompt,
-                n_predict: args.n_predict,
-                sampling,
-                stop: Vec::new(),
                 ignore_eos: args.ignore_eos,
+                ..GenerateRequest::new(prompt, args.n_predict, sampling)
             };
             match &mut draft_ctx {
                 Some(draft) => {

@@ -23,6 +23,20 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
 }
 
+impl GenerateRequest {
+    /// `n_predict` tokens after `prompt`, drawn with `sampling`, with no stop
+    /// strings and ending at an end-of-generation token.
+    pub fn new(prompt: Vec<Token>, n_predict: usize, sampling: SamplingParams) -> Self {
+        GenerateRequest {
+            prompt,
+            n_predict,
+            sampling,
+            stop: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
 /// Why generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

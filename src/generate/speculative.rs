@@ -112,7 +112,6 @@ pub fn generate_speculative(
     let n_ctx = ctx.n_ctx().min(draft.n_ctx()) as usize;
     draft.clear();
     let (mut sampler, prompt) = evaluate_prompt(ctx, req, n_ctx)?;
-    let started = prompt.started;
     let mut out = Emitter::new(model, req.n_predict, req.ignore_eos, &req.stop, on_text);
     let mut spec = SpeculationStats::default();
     // Every token so far; the model's cache holds all but the last, the
@@ -120,7 +119,7 @@ pub fn generate_speculative(
     let mut history: Vec<Token> = req.prompt.clone();
     let mut draft_past = 0usize;
     let mut sampled = sampler.sample(ctx, -1);
-    let ttft = started.elapsed();
+    let ttft = prompt.started.elapsed();
     let t_first = Instant::now();
     let max_batch = ctx.n_batch().min(draft.n_batch()) as usize;
     let stop = 'generation: loop {

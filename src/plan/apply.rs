@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::{Exec, Plan};
+use super::{tier_index, Exec, Plan};
 use crate::engine::{
     self, BufferType, ContextParams, DeviceKind, ModelParams, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery,
     TensorPlacement,
@@ -80,13 +80,7 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
 
     let tier_of = {
         let tiers = plan.tiers.clone();
-        move |n: u32| {
-            tiers
-                .iter()
-                .copied()
-                .find(|&t| t >= n)
-                .unwrap_or_else(|| *tiers.last().unwrap_or(&1))
-        }
+        move |n: u32| tiers.get(tier_index(&tiers, n as u64)).copied().unwrap_or(1)
     };
     // (tier, layer) pairs whose routed experts split between GPU and CPU.
     let hybrid: HashSet<(u32, u32)> = plan

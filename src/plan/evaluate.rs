@@ -90,20 +90,19 @@ impl Evaluator {
         let kv_gpu_from = model.n_layer - kv_layers;
         // A ubatch runs with the decisions of the first tier at or above its
         // size, so a partial chunk reuses a bigger tier's.
-        let tier_exec: Vec<(u32, Vec<Exec>)> = tiers
+        let execs_by_tier: Vec<Vec<Exec>> = tiers
             .iter()
             .map(|&tier| {
-                let execs = tensors
+                tensors
                     .iter()
                     .map(|&i| cm.best_host_exec(&model.tensors[i], tier as u64).0)
-                    .collect();
-                (tier, execs)
+                    .collect()
             })
             .collect();
         let mut times: Vec<Vec<(f64, Exec, f64, f64)>> = sizes
             .iter()
             .map(|&(n, _)| {
-                let execs = &tier_exec[tier_index(&tiers, n)].1;
+                let execs = &execs_by_tier[tier_index(&tiers, n)];
                 tensors
                     .iter()
                     .enumerate()

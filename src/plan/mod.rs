@@ -69,7 +69,7 @@ impl Default for Workload {
 /// after the last one accepted comes with the batch).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Speculation {
-    /// Draft tokens per step (llama.cpp's `--draft-max`).
+    /// Draft tokens per step (llama.cpp's `--spec-draft-n-max`).
     pub draft_tokens: u32,
     /// The chance that each draft token is accepted, given the ones before
     /// it were: an assumption about how well the draft predicts the model,

@@ -126,7 +126,7 @@ pub struct DraftSource {
     /// Whether the draft runs on the GPU; None: wherever the plan predicts
     /// the workload finishes sooner.
     pub on_gpu: Option<bool>,
-    /// Draft tokens per step (`--draft-max`).
+    /// Draft tokens per step (`--spec-draft-n-max`).
     pub draft_tokens: u32,
     /// The assumed chance that each draft token is accepted.
     pub acceptance: f64,
@@ -143,21 +143,19 @@ pub struct DraftCost {
     pub device_bytes: u64,
 }
 
-/// Price the draft model of `draft` for a context of `n_ctx` tokens and the
-/// depth `depth` where it decodes: its device memory from llama.cpp's own
-/// reservation when a GPU backend is loaded (else from the GGUF: weights,
-/// KV cache and a compute estimate), its time per token from `profile`.
+/// Price the draft model of `draft` (`info`, read from its GGUF) for a
+/// context of `n_ctx` tokens and the depth `depth` where it decodes: its
+/// device memory from llama.cpp's own reservation when a GPU backend is
+/// loaded (else from the GGUF: weights, KV cache and a compute estimate),
+/// its time per token from `profile`.
 pub fn draft_cost(
     draft: &DraftSource,
+    info: &crate::gguf::ModelInfo,
     on_gpu: bool,
     profile: &MachineProfile,
     n_ctx: u64,
     depth: u64,
 ) -> Result<DraftCost, RuntimeError> {
-    let (_, info) = crate::gguf::inspect(&draft.path).map_err(|source| RuntimeError::Model {
-        path: draft.path.clone(),
-        source: Box::new(source),
-    })?;
     let device_bytes = if !on_gpu {
         0
     } else if engine::has_gpu() {
@@ -175,9 +173,9 @@ pub fn draft_cost(
     } else {
         let req = PlanRequest::new(u64::MAX, n_ctx);
         let weights: u64 = info.tensors.iter().map(|t| t.cuda_alloc_size()).sum();
-        weights + super::kv_bytes(&info, &req, info.n_layer) + super::compute_bytes(&info, DRAFT_UBATCH, 0)
+        weights + super::kv_bytes(info, &req, info.n_layer) + super::compute_bytes(info, DRAFT_UBATCH, 0)
     };
-    let cm = CostModel::new(&info, profile, Streaming::Synchronous, true, Overheads::default(), None);
+    let cm = CostModel::new(info, profile, Streaming::Synchronous, true, Overheads::default(), None);
     // The draft reads the prompt in ubatches of 512 (its context's).
     let draft_prompt_s = (0..depth)
         .step_by(DRAFT_UBATCH as usize)
@@ -355,6 +353,10 @@ pub fn plan_with_draft(
     let Some(draft) = draft else {
         return plan(req);
     };
+    let (_, draft_info) = crate::gguf::inspect(&draft.path).map_err(|source| RuntimeError::Model {
+        path: draft.path.clone(),
+        source: Box::new(source),
+    })?;
     // Where the draft runs: None is no speculation at all, which the plan
     // also weighs when the placement is left open.
     let placements = match draft.on_gpu {
@@ -366,7 +368,14 @@ pub fn plan_with_draft(
     for placement in placements {
         let mut r = req.clone();
         if let Some(on_gpu) = placement {
-            let cost = draft_cost(draft, on_gpu, profile, req.n_ctx, req.workload.prompt_tokens)?;
+            let cost = draft_cost(
+                draft,
+                &draft_info,
+                on_gpu,
+                profile,
+                req.n_ctx,
+                req.workload.prompt_tokens,
+            )?;
             r.workload.speculation = Some(cost.speculation);
             r.reserve += cost.device_bytes;
         }
