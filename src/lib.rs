@@ -8,6 +8,8 @@
 //! - [`synth`]: random-weight GGUFs with real model shapes;
 //! - [`profile`]: measured speeds of this machine (CPU, GPU, link);
 //! - [`plan`]: the cost model and optimizer that place each weight per token tier;
+//! - [`launch`]: the one path from options and parameters to a checked plan,
+//!   and the process's budget check after loading;
 //! - [`generate`]: prompt processing, sampling and streaming on an engine context;
 //! - [`bench`]: side-by-side runs of pipeshard and upstream placement policies;
 //! - [`default_model`]: the default model, fetched from PyPI on first use.
@@ -17,6 +19,7 @@ pub mod default_model;
 pub mod engine;
 pub mod generate;
 pub mod gguf;
+pub mod launch;
 pub mod logging;
 pub mod plan;
 pub mod profile;

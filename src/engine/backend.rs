@@ -13,6 +13,15 @@ use super::error::{EngineError, Result};
 use super::ffi;
 
 static INIT: OnceLock<Result<Vec<Device>, String>> = OnceLock::new();
+static AT_INIT: OnceLock<Option<u64>> = OnceLock::new();
+
+/// The process's device memory (NVML) right after [`init`] loaded the
+/// backends and the GPU's context exists, before any model: the CUDA
+/// context and what the backends allocate up front. None without NVML or
+/// a GPU.
+pub fn process_bytes_at_init() -> Option<u64> {
+    AT_INIT.get().copied().flatten()
+}
 
 /// A compute device that ggml found after loading the backend modules.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -81,6 +90,9 @@ pub fn init(backend_dir: Option<&Path>) -> Result<Vec<Device>> {
             ffi::llama_log_set(Some(log_to_tracing), std::ptr::null_mut());
             ffi::ggml_log_set(Some(log_to_tracing), std::ptr::null_mut());
         }
+        // The cards' memory before our CUDA context exists: the process
+        // figure's fallback where NVML does not list this PID.
+        super::nvml::take_baseline();
         let dirs = candidate_dirs(backend_dir);
         for dir in &dirs {
             if !dir.is_dir() {
@@ -111,6 +123,15 @@ pub fn init(backend_dir: Option<&Path>) -> Result<Vec<Device>> {
         // SAFETY: plain initialisation call, made once.
         unsafe { ffi::llama_backend_init() };
         let devices = list_devices();
+        if let Some(bytes) = std::env::var("PIPESHARD_CUDA_STACK_BYTES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            let n = super::cuda_limits::set_stack_bytes(bytes);
+            tracing::info!("CUDA stack set to {bytes} bytes per thread on {n} device(s)");
+        }
+        let gpu = devices.iter().any(|d| d.kind == DeviceKind::Gpu);
+        AT_INIT.get_or_init(|| gpu.then(super::process_device_bytes).flatten().map(|(b, _)| b));
         if devices.is_empty() {
             let searched: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
             return Err(searched.join(", "));

@@ -23,7 +23,7 @@ pub struct Ready {
     /// The image worker, with `--mmproj`.
     pub vision: Option<VisionHandle>,
     /// Samples device memory for `pipeshard_vram_peak_bytes` while serving.
-    pub device_sampler: Option<crate::bench::MemorySampler>,
+    pub device_sampler: Option<crate::engine::MemorySampler>,
     /// `Err` holds why chat requests cannot be served.
     pub template: Result<ChatTemplate, String>,
     /// The id reported in `/v1/models` and responses.
@@ -92,7 +92,7 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
     };
     engine::init(config.backend_dir.as_deref()).map_err(|e| err(&e))?;
     let device_sampler = engine::first_device(engine::DeviceKind::Gpu).map(|d| {
-        let sampler = crate::bench::MemorySampler::every(Some(d.index), std::time::Duration::from_millis(10));
+        let sampler = crate::engine::MemorySampler::every(Some(d.index), std::time::Duration::from_millis(10));
         let _ = metrics.vram_peak_bytes.set(sampler.device_peak());
         sampler
     });
@@ -106,19 +106,22 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
     }
     // pipeshard's plan, when --plan or --vram-budget is given.
     let threads = config.threads.unwrap_or_else(engine::default_threads);
-    // With a budget, the vision encoder streams its weights from the host,
-    // and its peak for the largest image it takes is budgeted against the
-    // language model's compute, not added to it.
-    let budgeted = (config.vram_budget.is_some() || config.plan.is_some())
-        && engine::has_gpu()
-        && config.mmproj_offload
-        && config.n_gpu_layers != 0;
-    let vision_opts = if budgeted {
-        engine::VisionOptions::budgeted(threads)
-    } else {
-        engine::VisionOptions::upstream(config.mmproj_offload && config.n_gpu_layers != 0, threads)
+    let options = crate::launch::PipeshardOptions {
+        vram_budget: None,
+        profile: config.profile.clone(),
+        plan: config.plan.clone(),
+        stream_slots: config.stream_slots,
+        hybrid_experts: config.hybrid_gpu_experts,
+        ..Default::default()
     };
-    let vision = crate::plan::runtime::vision_setup(
+    let mut options_with_budget = options.clone();
+    options_with_budget.vram_budget = config.vram_budget.map(|b| b.to_string());
+    let vision_opts = crate::launch::vision_options(
+        &options_with_budget,
+        config.mmproj_offload && config.n_gpu_layers != 0,
+        threads,
+    );
+    let vision = crate::launch::vision_setup(
         &path,
         config.mmproj.as_deref(),
         vision_opts,
@@ -126,24 +129,6 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         &engine::PeakImage::Largest,
     )
     .map_err(|e| err(&e))?;
-    let source = crate::plan::runtime::PlanSource {
-        plan_file: config.plan.clone(),
-        budget: config.vram_budget,
-        profile: config.profile.clone(),
-        stream_slots: config.stream_slots,
-        hybrid_gpu_experts: config.hybrid_gpu_experts,
-        vision: vision.unwrap_or_default(),
-        // The vision worker and the embedder each have a context of one
-        // slot's length beside the slots' own.
-        side_contexts: [config.mmproj.is_some(), config.embeddings]
-            .into_iter()
-            .filter(|&on| on)
-            .map(|_| (config.n_ctx as u64 / config.n_parallel.max(1) as u64).max(64))
-            .collect(),
-        draft: None,
-    };
-    let planned = crate::plan::runtime::plan_for_model(&source, &path, config.n_ctx as u64, threads, |_, _| {})
-        .map_err(|e| err(&e))?;
     let mut mparams = ModelParams {
         n_gpu_layers: config.n_gpu_layers,
         use_mmap: config.use_mmap,
@@ -151,19 +136,6 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         tensor_overrides: overrides,
         ..Default::default()
     };
-    if let Some((plan, applied)) = &planned {
-        tracing::info!(
-            "plan: ubatch {}, {} resident, VRAM {} of {}",
-            plan.ubatch,
-            crate::plan::fmt_bytes(plan.resident_bytes()),
-            crate::plan::fmt_bytes(plan.vram.total),
-            crate::plan::fmt_bytes(plan.vram.budget)
-        );
-        applied.configure_model(&mut mparams);
-    }
-    tracing::info!("loading model {}", path.display());
-    let model = Model::load(&path, mparams).map_err(|e| err(&e))?;
-    let model = Arc::new(model);
     let n_parallel = config.n_parallel.max(1);
     let mut cparams = ContextParams {
         n_ctx: config.n_ctx,
@@ -182,10 +154,33 @@ pub fn load(config: &ServerConfig, metrics: Arc<Metrics>) -> Result<Ready, Serve
         n_outputs_max: 0,
         ..ContextParams::default()
     };
-    if let Some((_, applied)) = &planned {
-        applied.configure_context(&mut cparams);
+    let req = crate::launch::LaunchRequest {
+        budget: config.vram_budget,
+        vision: vision.unwrap_or_default(),
+        // The vision worker and the embedder each have a context of one
+        // slot's length beside the slots' own.
+        side_contexts: [config.mmproj.is_some(), config.embeddings]
+            .into_iter()
+            .filter(|&on| on)
+            .map(|_| (config.n_ctx as u64 / config.n_parallel.max(1) as u64).max(64))
+            .collect(),
+        ..crate::launch::LaunchRequest::new(&path, &options, threads, Default::default()).map_err(|e| err(&e))?
+    };
+    let planned = crate::launch::plan_for(&req, &cparams, |_, _| {}).map_err(|e| err(&e))?;
+    if let Some(l) = &planned {
+        tracing::info!(
+            "plan: ubatch {}, {} resident, VRAM {} of {}",
+            l.plan.ubatch,
+            crate::plan::fmt_bytes(l.plan.resident_bytes()),
+            crate::plan::fmt_bytes(l.plan.vram.total),
+            crate::plan::fmt_bytes(l.plan.vram.budget)
+        );
+        l.install(&mut mparams, &mut cparams).map_err(|e| err(&e))?;
     }
-    let streamed = planned.as_ref().map(|(p, _)| p.streamed_per_tier());
+    tracing::info!("loading model {}", path.display());
+    let model = Model::load(&path, mparams).map_err(|e| err(&e))?;
+    let model = Arc::new(model);
+    let streamed = planned.as_ref().map(|l| l.plan.streamed_per_tier());
     // Lent by the text slots to the vision worker while it encodes an image.
     let gate = Arc::new(DeviceGate::default());
     let slots_gate = config.mmproj.is_some().then(|| gate.clone());
