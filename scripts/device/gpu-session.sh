@@ -721,7 +721,7 @@ zprep() {
     if [[ -x /tmp/pipeshard-upstream/out/llama-bench ]]; then
         mkdir -p dist/upstream/bin && cp -a /tmp/pipeshard-upstream/out/. dist/upstream/bin/
     fi
-    if [[ ! -x dist/upstream/bin/llama-bench ]]; then
+    if [[ ! -x dist/upstream/bin/llama-bench && ${ZUPSTREAM:-1} == 1 ]]; then
         ( time JOBS=6 bash dist/build-upstream-bench.sh dist ) > "$RES/build-upstream.log" 2>&1 &
         up=$!
     fi
@@ -734,7 +734,7 @@ zprep() {
         wait $up || { tail -30 "$RES/build-upstream.log"; exit 1; }
         tail -2 "$RES/build-upstream.log"
     fi
-    cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist/upstream/bin/
+    [[ -d dist/upstream/bin ]] && cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist/upstream/bin/
     [[ -f $W/r1.gguf ]] || $P synth --arch llama3.1-8b --quant q4_0 -o "$W/r1.gguf" > /dev/null
     [[ -f $W/r2.gguf ]] || $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf" > /dev/null
     if [[ ! -f $RES/profile.yaml ]]; then
@@ -834,6 +834,38 @@ z4() {
     [[ -f $W/vl.gguf ]] || $P synth --arch qwen2.5-vl-7b --quant q4_0 -o "$W/vl.gguf" --mmproj-out "$W/vl-mmproj.gguf" > /dev/null
     [[ -f $W/1080p.png ]] || mkimages > /dev/null
     vrun vl-1080p-4g 1080p --vram-budget 4GiB --profile "$RES/profile.yaml"
+}
+
+# z5 (carry .stash with the modules; ZUPSTREAM=0): every budget row again
+# with the CUDA stack at 256 bytes and the calibrated runtime allowance.
+z5() {
+    ZUPSTREAM=0 zprep
+    one r1-2g r1 2GiB pipeshard
+    zrun r1-2g-run4k r1 2GiB
+    one r2-4g r2 4GiB pipeshard
+    [[ -f $W/vl.gguf ]] || $P synth --arch qwen2.5-vl-7b --quant q4_0 -o "$W/vl.gguf" --mmproj-out "$W/vl-mmproj.gguf" > /dev/null
+    [[ -f $W/1080p.png ]] || mkimages > /dev/null
+    vrun vl-1080p-4g 1080p --vram-budget 4GiB --profile "$RES/profile.yaml"
+}
+
+# A plan for the prompt against every fixed ubatch: R1 at 2 GiB, prompts of
+# P tokens, pipeshard's choice and each ubatch forced.
+zsweep() { # P REPS
+    local p=$1 r=$2 u
+    timeout 150 $P bench -m "$W/r1.gguf" --vram-budget 2GiB --policies pipeshard -p "$p" -n 16 -r "$r" -t 16 \
+        --profile "$RES/profile.yaml" -o "$RES/sweep-$p-plan" > "$RES/sweep-$p-plan.log" 2>&1 || echo "sweep $p plan failed"
+    grep -E "TTFT|process VRAM" "$RES/sweep-$p-plan.log" | sed "s/^/sweep-$p-plan: /"
+    for u in 512 1024 2048 4096; do
+        timeout 150 $P bench -m "$W/r1.gguf" --vram-budget 2GiB --policies pipeshard -p "$p" -n 16 -r "$r" -t 16 \
+            --plan-ubatch $u --profile "$RES/profile.yaml" -o "$RES/sweep-$p-ub$u" > "$RES/sweep-$p-ub$u.log" 2>&1 \
+            || echo "sweep $p ub $u failed"
+        grep -E "TTFT|error" "$RES/sweep-$p-ub$u.log" | sed "s/^/sweep-$p-ub$u: /"
+    done
+}
+z6() {
+    ZUPSTREAM=0 zprep
+    zsweep 512 3
+    zsweep 16384 1
 }
 
 "$@"

@@ -123,12 +123,13 @@ pub fn init(backend_dir: Option<&Path>) -> Result<Vec<Device>> {
         // SAFETY: plain initialisation call, made once.
         unsafe { ffi::llama_backend_init() };
         let devices = list_devices();
-        if let Some(bytes) = std::env::var("PIPESHARD_CUDA_STACK_BYTES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-        {
+        if devices.iter().any(|d| d.kind == DeviceKind::Gpu) {
+            let bytes = std::env::var("PIPESHARD_CUDA_STACK_BYTES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(super::cuda_limits::DEFAULT_STACK_BYTES);
             let n = super::cuda_limits::set_stack_bytes(bytes);
-            tracing::info!("CUDA stack set to {bytes} bytes per thread on {n} device(s)");
+            tracing::debug!("CUDA stack: {bytes} bytes per thread on {n} device(s)");
         }
         let gpu = devices.iter().any(|d| d.kind == DeviceKind::Gpu);
         AT_INIT.get_or_init(|| gpu.then(super::process_device_bytes).flatten().map(|(b, _)| b));

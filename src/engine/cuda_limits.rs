@@ -1,9 +1,13 @@
 //! The CUDA context's per-thread stack, which the driver backs with local
 //! memory for every thread the GPU can hold at once (threads per SM x SMs):
-//! at the default 1 KiB that is about 264 MiB on a 132-SM H200, counted in
-//! the process's device memory before any weight is loaded. ggml's kernels
-//! need far less; a kernel that needs more still gets it (the driver grows
-//! local memory for that launch).
+//! at CUDA's default of 1 KiB that is about 264 MiB on a 132-SM H200,
+//! counted in the process's device memory before any weight is loaded.
+//! ggml's kernels need far less; a kernel that needs more still gets it
+//! (the driver raises the stack for a launch that needs it, and keeps it).
+//! Measured on the H200 (bench/results/h200-session7/z3): the process holds
+//! 520 MiB after the backend starts at 1 KiB and 322 MiB at 256 bytes, and
+//! R1 ran its prompt and decode without the stack growing back.
+//! `PIPESHARD_CUDA_STACK_BYTES` overrides [`DEFAULT_STACK_BYTES`].
 //!
 //! Set through the driver API (`libcuda.so.1`, loaded at run time) on the
 //! primary context that ggml-cuda's runtime calls use.
@@ -15,6 +19,9 @@ type CuDevice = c_int;
 type CuContext = *mut c_void;
 
 const CUDA_SUCCESS: CuResult = 0;
+
+/// The per-thread stack pipeshard sets at start-up.
+pub const DEFAULT_STACK_BYTES: usize = 256;
 const CU_LIMIT_STACK_SIZE: c_int = 0;
 
 /// Set the per-thread stack of every visible CUDA device's primary context

@@ -80,10 +80,14 @@ pub struct MemorySampler {
 }
 
 impl MemorySampler {
-    /// Sample every 2 ms; `gpu` is the ggml device index for the fallback
-    /// without NVML (None: no GPU, only RSS).
+    /// Sample every 20 ms, as nvidia-smi's fastest loop does; `gpu` is the
+    /// ggml device index for the fallback without NVML (None: no GPU, only
+    /// RSS). Faster polling can cost CPU-bound decode (a query preempts one
+    /// of the threads the CPU's matmuls wait for), and the device memory
+    /// that matters only grows: pools and workspaces are kept, buffers are
+    /// reserved up front.
     pub fn start(gpu: Option<usize>) -> MemorySampler {
-        Self::every(gpu, Duration::from_millis(2))
+        Self::every(gpu, Duration::from_millis(20))
     }
 
     /// Sample every `period` (a long-running server polls less often).

@@ -13,13 +13,18 @@
 use crate::engine;
 use crate::profile::MachineProfile;
 
-/// The CUDA context when nothing measured it: what it was on the H200 and
-/// H100 hosts (bench/results/h200-session7).
-pub const ASSUMED_CONTEXT_BYTES: u64 = 528 << 20;
+/// The CUDA context when nothing measured it: what it was on the H200 with
+/// the stack pipeshard sets (bench/results/h200-session7/z3: 322 MiB; 520
+/// MiB at CUDA's default stack).
+pub const ASSUMED_CONTEXT_BYTES: u64 = 352 << 20;
 
-/// What grows after loading, beyond llama.cpp's buffers (pool, cuBLAS,
-/// CUDA graphs), at the peak of a warmed-up run.
-pub const RUNTIME_BYTES: u64 = 160 << 20;
+/// What grows after loading beyond llama.cpp's buffers and the streaming
+/// overhead the plan prices itself (ggml-cuda's pool, cuBLAS, CUDA graphs),
+/// at the peak of a warmed-up run. On the H200 (session 7) everything
+/// outside llama.cpp's buffers and the context came to 115 MiB for R1 at
+/// 2 GiB (the plan priced 94 MiB of streaming overhead) and 279 MiB for R2
+/// at 4 GiB (324 MiB priced).
+pub const RUNTIME_BYTES: u64 = 64 << 20;
 
 /// Where the context figure came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
