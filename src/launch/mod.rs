@@ -180,7 +180,7 @@ pub fn machine_profile(
 
 /// The KV cache type of a context's parameters, as the planner prices it.
 fn kv_type(t: Option<engine::ffi::ggml_type>) -> GgmlType {
-    t.and_then(|t| GgmlType::from_id(t as u32)).unwrap_or(GgmlType::F16)
+    t.and_then(GgmlType::from_id).unwrap_or(GgmlType::F16)
 }
 
 /// The plan request for `info` run in a context made with `cp`: its length
