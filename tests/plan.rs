@@ -585,3 +585,36 @@ fn speculative_plans_round_trip_and_older_plans_have_none() {
     let plain = plan::make_plan(&info, &profile, &PlanRequest::new(4 * GIB, 8192)).unwrap();
     assert!(!plan::render(&plain, plan::Format::Yaml).contains("speculation"));
 }
+
+/// A prompt chunk attends on the GPU even where its layer's KV cache is in
+/// host memory (the scheduler copies the cells in use over), so it costs
+/// the GPU's attention plus that copy; a decode token attends on the CPU.
+#[test]
+fn host_kv_attention_of_a_prompt_chunk_is_priced_on_the_gpu_with_its_copy() {
+    let profile = fixture();
+    let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let cm = plan::CostModel::new(
+        &info,
+        &profile,
+        plan::Streaming::Pipelined,
+        true,
+        Default::default(),
+        None,
+    );
+    let (n, n_kv) = (1024, 8192);
+    let gpu = cm.attention_seconds(0, n, n_kv, true);
+    let host = cm.attention_seconds(0, n, n_kv, false);
+    let per_token = info
+        .kv_bytes_per_token(0, pipeshard::gguf::GgmlType::F16, pipeshard::gguf::GgmlType::F16)
+        .unwrap();
+    let copy = (per_token * (n_kv + n / 2)) as f64 / profile.link.as_ref().unwrap().h2d_pageable;
+    assert!((host - (gpu + copy)).abs() < 1e-9, "{host} vs {gpu} + {copy}");
+    let cpu = profile.attention_seconds(
+        pipeshard::profile::Device::Cpu,
+        info.head_dim_k,
+        info.n_head[0] as u64,
+        1,
+        n_kv,
+    );
+    assert_eq!(cm.attention_seconds(0, 1, n_kv, false), cpu);
+}

@@ -868,5 +868,37 @@ z6() {
     zsweep 16384 1
 }
 
+# The largest per-thread stack any kernel of the CUDA module needs
+# (cuobjdump's STACK), and the kernels that need the most.
+zstack() {
+    local cuobjdump; cuobjdump=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)
+    [[ -n $cuobjdump ]] || { echo "no cuobjdump"; return; }
+    "$cuobjdump" -res-usage dist/lib/libggml-cuda.so 2>/dev/null | awk '
+        /Function/ { fn = $2 }
+        /STACK:/ { match($0, /STACK:[0-9]+/); st = substr($0, RSTART + 6, RLENGTH - 6) + 0; print st, fn }' \
+        | sort -n > "$RES/kernel-stacks.txt"
+    echo "kernels: $(wc -l < "$RES/kernel-stacks.txt"), by stack bytes:"
+    awk '{ print $1 }' "$RES/kernel-stacks.txt" | uniq -c | tail -8
+    tail -5 "$RES/kernel-stacks.txt" | cut -c1-160
+    ZSTACK_MAX=$(tail -1 "$RES/kernel-stacks.txt" | awk '{ print $1 }')
+}
+
+# z7: why R2's decode fell with a 256-byte stack (the driver grows local
+# memory for a kernel that needs more and shrinks it after); R2 at CUDA's
+# default stack and at the largest any kernel needs; full-GPU parity rows
+# with upstream's llama-bench in the same call.
+z7() {
+    zprep
+    zstack
+    PIPESHARD_CUDA_STACK_BYTES=1024 one r2-4g-stack1024 r2 4GiB pipeshard
+    if [[ -n ${ZSTACK_MAX:-} && $ZSTACK_MAX -gt 256 && $ZSTACK_MAX -lt 1024 ]]; then
+        PIPESHARD_CUDA_STACK_BYTES=$ZSTACK_MAX one r2-4g-stack$ZSTACK_MAX r2 4GiB pipeshard
+    fi
+    PIPESHARD_CUDA_STACK_BYTES=1024 one r1-full r1 64GiB full-gpu
+    PIPESHARD_CUDA_STACK_BYTES=1024 one r2-full r2 64GiB full-gpu
+    upstream_full up-r1 r1
+    upstream_full up-r2 r2
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
