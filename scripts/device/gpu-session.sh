@@ -713,10 +713,11 @@ h5() {
 zprep() {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
     lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
-    if [[ -f .stash/cudalib/libggml-cuda.so.xz.00 ]]; then
+    if [[ -f .stash/cudalib/libggml-cuda.so.xz.00 && ! -f dist/lib/libggml-cuda.so ]]; then
         cat .stash/cudalib/libggml-cuda.so.xz.* | xz -d > dist/lib/libggml-cuda.so
         xz -dc .stash/cudalib/libggml-cpu.so.xz > dist/lib/libggml-cpu.so
     fi
+    [[ -f dist/lib/libggml-cuda.so && ! -f dist/lib/libggml-cuda.so.stack ]] && bash scripts/device/cuda-stack.sh dist
     local up=
     if [[ -x /tmp/pipeshard-upstream/out/llama-bench ]]; then
         mkdir -p dist/upstream/bin && cp -a /tmp/pipeshard-upstream/out/. dist/upstream/bin/
@@ -898,6 +899,20 @@ z7() {
     PIPESHARD_CUDA_STACK_BYTES=1024 one r2-full r2 64GiB full-gpu
     upstream_full up-r1 r1
     upstream_full up-r2 r2
+}
+
+# z8: the final budget rule (the stack the module's kernels need, the
+# runtime allowance) on every row, and the plan for the prompt at 512 and
+# 16k tokens against each fixed ubatch (host-KV attention priced on the GPU).
+z8() {
+    ZUPSTREAM=0 zprep
+    one r1-2g r1 2GiB pipeshard
+    zrun r1-2g-run4k r1 2GiB
+    one r2-4g r2 4GiB pipeshard
+    [[ -f $W/vl.gguf ]] || $P synth --arch qwen2.5-vl-7b --quant q4_0 -o "$W/vl.gguf" --mmproj-out "$W/vl-mmproj.gguf" > /dev/null
+    [[ -f $W/1080p.png ]] || mkimages > /dev/null
+    vrun vl-1080p-4g 1080p --vram-budget 4GiB --profile "$RES/profile.yaml"
+    zsweep 16384 2
 }
 
 "$@"

@@ -27,7 +27,7 @@ tar -C "$SRC" -czf "$DIST/llama.cpp-src.tar.gz" \
     --exclude=./models --exclude=./docs --exclude=./examples --exclude=./tests \
     --exclude=./gguf-py --exclude=./tools/server --exclude=./tools/ui --exclude=./ci \
     --exclude=./pocs --exclude=./.devops --exclude=./media --exclude=./grammars .
-cp scripts/device/build-cuda.sh scripts/device/build-upstream-bench.sh "$DIST/"
+cp scripts/device/build-cuda.sh scripts/device/cuda-stack.sh scripts/device/build-upstream-bench.sh "$DIST/"
 # Upstream's llama-bench, built there unpatched from the same release.
 mkdir -p "$DIST/upstream/llama-bench"
 cp vendor/llama-cpp-sys-2-*.crate "$DIST/upstream/"

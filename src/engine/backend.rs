@@ -94,6 +94,7 @@ pub fn init(backend_dir: Option<&Path>) -> Result<Vec<Device>> {
         // figure's fallback where NVML does not list this PID.
         super::nvml::take_baseline();
         let dirs = candidate_dirs(backend_dir);
+        let mut loaded_from = None;
         for dir in &dirs {
             if !dir.is_dir() {
                 continue;
@@ -117,6 +118,7 @@ pub fn init(backend_dir: Option<&Path>) -> Result<Vec<Device>> {
             }
             // SAFETY: plain query.
             if unsafe { ffi::ggml_backend_dev_count() } > 0 {
+                loaded_from = Some(dir.clone());
                 break;
             }
         }
@@ -124,12 +126,10 @@ pub fn init(backend_dir: Option<&Path>) -> Result<Vec<Device>> {
         unsafe { ffi::llama_backend_init() };
         let devices = list_devices();
         if devices.iter().any(|d| d.kind == DeviceKind::Gpu) {
-            let bytes = std::env::var("PIPESHARD_CUDA_STACK_BYTES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(super::cuda_limits::DEFAULT_STACK_BYTES);
-            let n = super::cuda_limits::set_stack_bytes(bytes);
-            tracing::debug!("CUDA stack: {bytes} bytes per thread on {n} device(s)");
+            if let Some(bytes) = super::cuda_limits::stack_bytes(loaded_from.as_deref()) {
+                let n = super::cuda_limits::set_stack_bytes(bytes);
+                tracing::debug!("CUDA stack: {bytes} bytes per thread on {n} device(s)");
+            }
         }
         let gpu = devices.iter().any(|d| d.kind == DeviceKind::Gpu);
         AT_INIT.get_or_init(|| gpu.then(super::process_device_bytes).flatten().map(|(b, _)| b));

@@ -4,15 +4,22 @@
 //! counted in the process's device memory before any weight is loaded.
 //! ggml's kernels need far less; a kernel that needs more still gets it
 //! (the driver raises the stack for a launch that needs it, and keeps it).
-//! Measured on the H200 (bench/results/h200-session7/z3): the process holds
-//! 520 MiB after the backend starts at 1 KiB and 322 MiB at 256 bytes, and
-//! R1 ran its prompt and decode without the stack growing back.
-//! `PIPESHARD_CUDA_STACK_BYTES` overrides [`DEFAULT_STACK_BYTES`].
+//!
+//! The stack must still cover every kernel's own need: below it, the driver
+//! grows local memory for each launch of such a kernel and shrinks it after,
+//! which cost R2's decode 40% at 256 bytes on the H200 (one flash-attention
+//! kernel needs 304). So the stack is the largest any kernel of the loaded
+//! CUDA module needs, as `scripts/device/cuda-stack.sh` records it from
+//! `cuobjdump` next to the module (`libggml-cuda.so.stack`);
+//! `PIPESHARD_CUDA_STACK_BYTES` overrides it, and without either CUDA's
+//! default stays. On the H200 (bench/results/h200-session7/z7) the process
+//! holds 520 MiB once the backend is up at 1 KiB, 334 MiB at 304 bytes.
 //!
 //! Set through the driver API (`libcuda.so.1`, loaded at run time) on the
 //! primary context that ggml-cuda's runtime calls use.
 
 use std::ffi::{c_int, c_uint, c_void};
+use std::path::Path;
 
 type CuResult = c_int;
 type CuDevice = c_int;
@@ -20,8 +27,18 @@ type CuContext = *mut c_void;
 
 const CUDA_SUCCESS: CuResult = 0;
 
-/// The per-thread stack pipeshard sets at start-up.
-pub const DEFAULT_STACK_BYTES: usize = 256;
+/// The stack to set: `PIPESHARD_CUDA_STACK_BYTES`, else what the CUDA
+/// module in `dir` records as its kernels' largest need; None keeps CUDA's
+/// default.
+pub fn stack_bytes(dir: Option<&Path>) -> Option<usize> {
+    let parse = |s: &str| s.trim().parse::<usize>().ok().filter(|&b| b > 0);
+    if let Ok(v) = std::env::var("PIPESHARD_CUDA_STACK_BYTES") {
+        return parse(&v);
+    }
+    let text = std::fs::read_to_string(dir?.join("libggml-cuda.so.stack")).ok()?;
+    // Stack frames are 16-byte aligned; never below CUDA's smallest.
+    parse(&text).map(|b| b.max(16).next_multiple_of(16))
+}
 const CU_LIMIT_STACK_SIZE: c_int = 0;
 
 /// Set the per-thread stack of every visible CUDA device's primary context

@@ -14,8 +14,8 @@ use crate::engine;
 use crate::profile::MachineProfile;
 
 /// The CUDA context when nothing measured it: what it was on the H200 with
-/// the stack pipeshard sets (bench/results/h200-session7/z3: 322 MiB; 520
-/// MiB at CUDA's default stack).
+/// the stack the module's kernels need (bench/results/h200-session7/z7:
+/// 334 MiB at 304 bytes per thread; 520 MiB at CUDA's default 1 KiB).
 pub const ASSUMED_CONTEXT_BYTES: u64 = 352 << 20;
 
 /// What grows after loading beyond llama.cpp's buffers and the streaming
