@@ -283,9 +283,28 @@ impl Model {
         unsafe { ffi::llama_vocab_get_add_bos(self.vocab()) }
     }
 
+    /// Whether the model has a vocabulary (`tokenizer.ggml.model` other than
+    /// `none`/`no_vocab`); without one llama.cpp has no tokenizer, and asking
+    /// it to tokenize aborts.
+    pub fn has_vocab(&self) -> bool {
+        // SAFETY: plain query on a valid vocab.
+        unsafe { ffi::llama_vocab_type(self.vocab()) != ffi::LLAMA_VOCAB_TYPE_NONE }
+    }
+
+    fn check_vocab(&self) -> Result<()> {
+        if self.has_vocab() {
+            Ok(())
+        } else {
+            Err(EngineError::NoVocab {
+                path: self.path.clone(),
+            })
+        }
+    }
+
     /// Tokenize text. `add_special` adds BOS/EOS as the model wants;
     /// `parse_special` turns special-token text (e.g. `<|im_start|>`) into tokens.
     pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<Token>> {
+        self.check_vocab()?;
         let len: i32 = text
             .len()
             .try_into()
@@ -317,6 +336,7 @@ impl Model {
     }
 
     fn check_token(&self, token: Token) -> Result<()> {
+        self.check_vocab()?;
         let n_vocab = self.n_vocab();
         if token < 0 || token >= n_vocab {
             return Err(EngineError::TokenOutOfRange { token, n_vocab });
@@ -350,6 +370,7 @@ impl Model {
 
     /// Turn tokens back into text.
     pub fn detokenize(&self, tokens: &[Token], remove_special: bool, unparse_special: bool) -> Result<String> {
+        self.check_vocab()?;
         for &t in tokens {
             self.check_token(t)?;
         }

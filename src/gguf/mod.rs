@@ -25,7 +25,7 @@ pub use error::{GgufError, GgufErrorKind, GgufWriteError};
 pub use model_info::{parse_layer, ModelInfo, ModelInfoError, ModelTensor, TensorRole};
 pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT};
 pub use types::{cuda_alloc_size, n_elements, nbytes, row_size, GgmlType, SizeError};
-pub use validate::{validate, HparamError, HparamProblem};
+pub use validate::{validate, HparamError, HparamProblem, Subject};
 pub use value::{GgufArray, GgufValue, GgufValueType};
 pub use writer::{GgufWriter, PlannedTensor, TensorDataWriter, TensorSink};
 

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use super::model_info::{parse_layer, TensorRole};
 use super::reader::GgufFile;
+use super::types::GgmlType;
 use super::value::{GgufArray, GgufValue, GgufValueType};
 
 /// Most layers llama.cpp supports (`LLAMA_MAX_LAYERS`).
@@ -99,20 +100,46 @@ const HEAD_EQUALS_ROT: &[&str] = &[
     "xverse",
 ];
 
-/// A hyper-parameter llama.cpp would trust is missing its mark.
+/// A hyper-parameter (or tensor) llama.cpp would trust is missing its mark.
 #[derive(Debug, thiserror::Error)]
-#[error("{}: metadata key '{key}' {problem}", path.display())]
+#[error("{}: {subject} {problem}", path.display())]
 pub struct HparamError {
     path: PathBuf,
-    key: String,
+    subject: Subject,
     problem: HparamProblem,
+}
+
+/// What an [`HparamError`] is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    /// A metadata key.
+    Key(String),
+    /// A tensor.
+    Tensor(String),
+}
+
+impl std::fmt::Display for Subject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Subject::Key(k) => write!(f, "metadata key '{k}'"),
+            Subject::Tensor(t) => write!(f, "tensor '{t}'"),
+        }
+    }
 }
 
 impl HparamError {
     fn new(path: &Path, key: impl Into<String>, problem: HparamProblem) -> Self {
         HparamError {
             path: path.to_path_buf(),
-            key: key.into(),
+            subject: Subject::Key(key.into()),
+            problem,
+        }
+    }
+
+    fn tensor(path: &Path, name: &str, problem: HparamProblem) -> Self {
+        HparamError {
+            path: path.to_path_buf(),
+            subject: Subject::Tensor(name.to_owned()),
             problem,
         }
     }
@@ -122,9 +149,16 @@ impl HparamError {
         &self.path
     }
 
-    /// The metadata key at fault.
+    /// The metadata key, or the tensor, at fault.
     pub fn key(&self) -> &str {
-        &self.key
+        match &self.subject {
+            Subject::Key(k) | Subject::Tensor(k) => k,
+        }
+    }
+
+    /// What the error is about.
+    pub fn subject(&self) -> &Subject {
+        &self.subject
     }
 
     /// What is wrong with it.
@@ -192,6 +226,8 @@ pub fn validate(f: &GgufFile) -> Result<(), HparamError> {
         Some(v) => return Err(wrong_type(path, arch_key, v, "a string")),
     };
     check_scalar_types(f, arch)?;
+    check_floats(f, arch)?;
+    check_tensor_types(f)?;
     if arch != "clip" {
         check_hparams(f, arch)?;
     }
@@ -338,6 +374,38 @@ fn check_scalar_types(f: &GgufFile, arch: &str) -> Result<(), HparamError> {
     for (key, expect) in GLOBAL_KEYS {
         if let Some(v) = f.get(key) {
             check_type(path, key, v, *expect)?;
+        }
+    }
+    Ok(())
+}
+
+/// Norm epsilons: ggml's norms assert `eps >= 0` (false for NaN too).
+fn check_floats(f: &GgufFile, arch: &str) -> Result<(), HparamError> {
+    let prefix = format!("{arch}.");
+    for (key, v) in f.metadata() {
+        if let (true, true, GgufValue::F32(x)) = (key.starts_with(&prefix), key.ends_with("epsilon"), v) {
+            if !(x.is_finite() && *x >= 0.0) {
+                return Err(out_of_range(f.path(), key, x, "a finite number >= 0"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One-dimensional weights (norms, biases, RoPE factors) are added and
+/// multiplied into f32 activations, which ggml's CPU backend does only
+/// with f32 operands (it aborts on anything else).
+fn check_tensor_types(f: &GgufFile) -> Result<(), HparamError> {
+    for t in f.tensors() {
+        if t.dims.len() == 1 && t.ty != GgmlType::F32 {
+            return Err(HparamError::tensor(
+                f.path(),
+                &t.name,
+                HparamProblem::Inconsistent(format!(
+                    "is a one-dimensional {} tensor; llama.cpp adds and multiplies one-dimensional weights only as f32",
+                    t.ty
+                )),
+            ));
         }
     }
     Ok(())
@@ -681,6 +749,12 @@ fn check_heads(f: &GgufFile, arch: &str, n_layer: u32) -> Result<(), HparamError
     Ok(())
 }
 
+/// Whether `s` is `<0xXX>`, the text of a byte token.
+fn is_byte_token_text(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 6 && s.starts_with("<0x") && b[5] == b'>' && b[3].is_ascii_hexdigit() && b[4].is_ascii_hexdigit()
+}
+
 /// The vocabulary as `llama_vocab::impl::load` reads it.
 fn check_vocab(f: &GgufFile, arch: &str) -> Result<(), HparamError> {
     let path = f.path();
@@ -722,6 +796,42 @@ fn check_vocab(f: &GgufFile, arch: &str) -> Result<(), HparamError> {
         seen.insert(text, i);
     }
 
+    // Byte tokens are decoded from their text ("<0xXX>"; a shorter text
+    // makes llama.cpp's token_to_byte throw where nothing catches it).
+    let k_types = "tokenizer.ggml.token_type";
+    if let Some(GgufValue::Array(GgufArray::I32(types))) = f.get(k_types) {
+        const LLAMA_TOKEN_TYPE_BYTE: i32 = 6;
+        if let Some(i) = (0..n_tokens.min(types.len()))
+            .find(|&i| types[i] == LLAMA_TOKEN_TYPE_BYTE && !is_byte_token_text(&tokens[i]))
+        {
+            return Err(HparamError::new(
+                path,
+                k_types,
+                HparamProblem::Inconsistent(format!(
+                    "marks token {i} ({:?}) as a byte token, whose text must be <0xXX>",
+                    tokens[i]
+                )),
+            ));
+        }
+    }
+    // SentencePiece falls back to byte tokens for any text its pieces do
+    // not cover; llama.cpp's byte_to_token throws if one is missing.
+    if model == Some("llama") {
+        let have = |s: &str| seen.contains_key(s);
+        if let Some(b) = (0..=255u8).find(|&b| {
+            let hex = format!("<0x{b:02X}>");
+            !have(&hex) && !(b != 0 && b.is_ascii() && have(&char::from(b).to_string()))
+        }) {
+            return Err(HparamError::new(
+                path,
+                k_tokens,
+                HparamProblem::Inconsistent(format!(
+                    "has no byte token <0x{b:02X}>, which a SentencePiece (\"llama\") vocabulary needs"
+                )),
+            ));
+        }
+    }
+
     let k_scores = "tokenizer.ggml.scores";
     if let Some(v) = f.get(k_scores) {
         match v {
@@ -737,7 +847,6 @@ fn check_vocab(f: &GgufFile, arch: &str) -> Result<(), HparamError> {
             other => return Err(wrong_type(path, k_scores, other, "an array of f32 or i32")),
         }
     }
-    let k_types = "tokenizer.ggml.token_type";
     if let Some(v) = f.get(k_types) {
         match v {
             GgufValue::Array(a @ GgufArray::I32(_)) => {
@@ -790,7 +899,6 @@ fn check_vocab(f: &GgufFile, arch: &str) -> Result<(), HparamError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::types::GgmlType;
     use crate::gguf::writer::GgufWriter;
     use std::io::Cursor;
 
@@ -989,10 +1097,34 @@ mod tests {
         }
         let e = err(|kv, _| set(kv, "general.architecture", 3u32));
         assert_eq!(e.key(), "general.architecture");
+        for eps in [f32::NAN, -1e-5, f32::INFINITY] {
+            let e = err(|kv, _| set(kv, "llama.attention.layer_norm_rms_epsilon", eps));
+            assert_eq!(e.key(), "llama.attention.layer_norm_rms_epsilon");
+        }
         let e = err(|kv, _| set(kv, "llama.rope.scaling.type", "sideways"));
         assert!(
             e.to_string()
                 .contains("\"sideways\"; llama.cpp knows none, linear, yarn, longrope"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn one_dimensional_weights_are_f32() {
+        let mut w = GgufWriter::new();
+        w.add_kv("general.architecture", "llama").unwrap();
+        w.add_kv("llama.block_count", 1u32).unwrap();
+        w.add_tensor("blk.0.attn_norm.weight", GgmlType::F16, &[64]).unwrap();
+        let planned = w.tensors().to_vec();
+        let mut s = w.start(Cursor::new(Vec::new())).unwrap();
+        s.write_tensor_data(&planned[0].name, &[0u8; 128]).unwrap();
+        let b = s.finish().unwrap().into_inner();
+        let f = GgufFile::from_reader(Cursor::new(&b), b.len() as u64, "m.gguf").unwrap();
+        let e = validate(&f).unwrap_err();
+        assert_eq!(e.subject(), &Subject::Tensor("blk.0.attn_norm.weight".into()));
+        assert!(
+            e.to_string()
+                .contains("tensor 'blk.0.attn_norm.weight' is a one-dimensional f16 tensor"),
             "{e}"
         );
     }
@@ -1037,6 +1169,35 @@ mod tests {
         assert_eq!(e.key(), "llama.vocab_size");
         let e = err(|kv, _| set(kv, "tokenizer.ggml.tokens", GgufArray::I32(vec![0; 8])));
         assert!(matches!(e.problem(), HparamProblem::WrongType { .. }), "{e}");
+        // SentencePiece needs its 256 byte tokens
+        let e = err(|kv, _| set(kv, "tokenizer.ggml.model", "llama"));
+        assert!(e.to_string().contains("has no byte token <0x00>"), "{e}");
+        let mut spm: Vec<String> = (0..=255u8).map(|b| format!("<0x{b:02X}>")).collect();
+        spm.extend(["a", "b"].map(String::from));
+        validate(&llama(|kv, t| {
+            set(kv, "tokenizer.ggml.model", "llama");
+            set(kv, "tokenizer.ggml.tokens", GgufArray::String(spm.clone()));
+            set(kv, "tokenizer.ggml.token_type", GgufArray::I32(vec![6; 258]));
+            t[0].1 = vec![64, 258];
+        }))
+        .unwrap_err(); // "a" and "b" are not byte tokens
+        validate(&llama(|kv, t| {
+            set(kv, "tokenizer.ggml.model", "llama");
+            set(kv, "tokenizer.ggml.tokens", GgufArray::String(spm.clone()));
+            let mut types = vec![6; 258];
+            types[256..].fill(1);
+            set(kv, "tokenizer.ggml.token_type", GgufArray::I32(types));
+            t[0].1 = vec![64, 258];
+        }))
+        .unwrap();
+        let e = err(|kv, _| {
+            set(
+                kv,
+                "tokenizer.ggml.token_type",
+                GgufArray::I32(vec![1, 1, 6, 1, 1, 1, 1, 1]),
+            )
+        });
+        assert!(e.to_string().contains("marks token 2 (\"t2\") as a byte token"), "{e}");
         // no vocabulary at all is llama.cpp's business
         validate(&llama(|kv, _| set(kv, "tokenizer.ggml.model", "none"))).unwrap();
     }
