@@ -6,6 +6,7 @@
 //!   lives there);
 //! - [`gguf`]: reading, validating and writing GGUF files without loading them;
 //! - [`synth`]: random-weight GGUFs with real model shapes;
+//! - [`fuzz`]: structure-aware GGUF mutation, each case loaded in a child process;
 //! - [`profile`]: measured speeds of this machine (CPU, GPU, link);
 //! - [`plan`]: the cost model and optimizer that place each weight per token tier;
 //! - [`generate`]: prompt processing, sampling and streaming on an engine context;
@@ -15,6 +16,7 @@
 pub mod bench;
 pub mod default_model;
 pub mod engine;
+pub mod fuzz;
 pub mod generate;
 pub mod gguf;
 pub mod logging;
