@@ -260,6 +260,11 @@ pub fn run(opts: &FuzzOptions, progress: impl Fn(&FuzzCounts) + Sync) -> Result<
         .iter()
         .map(|p| RawGguf::open(p))
         .collect::<Result<_, _>>()?;
+    for p in &opts.seed_files {
+        let f = crate::gguf::GgufFile::open(p)?;
+        crate::gguf::validate(&f)
+            .map_err(|e| FuzzError::Config(format!("the seed file fails pipeshard's checks: {e}")))?;
+    }
     let largest = (0..seeds.len()).max_by_key(|&i| seeds[i].data.len()).unwrap_or(0);
     let failures_dir = opts.work_dir.join("failures");
     std::fs::create_dir_all(&failures_dir).map_err(io_err(format!("creating {}", failures_dir.display())))?;

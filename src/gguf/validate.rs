@@ -694,6 +694,32 @@ fn check_heads(f: &GgufFile, arch: &str, n_layer: u32) -> Result<(), HparamError
         ));
     }
 
+    // M-RoPE sections: ggml's rope asserts they fit in the head, and takes
+    // the position modulo their sum.
+    let k_sections = key("rope.dimension_sections");
+    let sections: Option<Vec<i64>> = match f.get(&k_sections) {
+        Some(GgufValue::Array(GgufArray::I32(v))) => Some(v.iter().map(|&x| i64::from(x)).collect()),
+        Some(GgufValue::Array(GgufArray::U32(v))) => Some(v.iter().map(|&x| i64::from(x)).collect()),
+        Some(GgufValue::I32(x)) => Some(vec![i64::from(*x); 4]),
+        Some(GgufValue::U32(x)) => Some(vec![i64::from(*x); 4]),
+        _ => None,
+    };
+    if let Some(sec) = sections {
+        let sum: i64 = sec.iter().take(4).sum();
+        let needs_sections = matches!(
+            arch,
+            "qwen2vl" | "qwen3vl" | "qwen3vlmoe" | "qwen35" | "qwen35moe" | "qwen4exp"
+        );
+        if sec.iter().any(|&x| x < 0) || sum > i64::from(head_k) || (sum == 0 && needs_sections) {
+            return Err(out_of_range(
+                path,
+                &k_sections,
+                format!("{sec:?}"),
+                format!("non-negative sections summing to 1 to the head size ({head_k})"),
+            ));
+        }
+    }
+
     if !HEAD_EQUALS_ROT.contains(&arch) {
         return Ok(());
     }
@@ -820,7 +846,8 @@ fn check_vocab(f: &GgufFile, arch: &str) -> Result<(), HparamError> {
         let have = |s: &str| seen.contains_key(s);
         if let Some(b) = (0..=255u8).find(|&b| {
             let hex = format!("<0x{b:02X}>");
-            !have(&hex) && !(b != 0 && b.is_ascii() && have(&char::from(b).to_string()))
+            let raw_byte = b != 0 && b.is_ascii() && have(&char::from(b).to_string());
+            !(have(&hex) || raw_byte)
         }) {
             return Err(HparamError::new(
                 path,
@@ -1076,6 +1103,14 @@ mod tests {
         assert_eq!(e.key(), "llama.attention.head_count_kv");
         let e = err(|kv, _| set(kv, "llama.attention.head_count_kv", 4u32));
         assert!(e.to_string().contains("'blk.0.attn_k.weight' has 32 outputs"), "{e}");
+        for bad in [vec![8, 8, 8, 8], vec![-1, 4, 4, 0]] {
+            let e = err(|kv, _| set(kv, "llama.rope.dimension_sections", GgufArray::I32(bad)));
+            assert_eq!(e.key(), "llama.rope.dimension_sections");
+        }
+        validate(&llama(|kv, _| {
+            set(kv, "llama.rope.dimension_sections", GgufArray::I32(vec![2, 3, 3, 0]))
+        }))
+        .unwrap();
         let e = err(|kv, _| set(kv, "llama.attention.head_count", GgufArray::I32(vec![4])));
         assert_eq!(e.key(), "llama.attention.head_count");
     }
