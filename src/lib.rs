@@ -6,6 +6,7 @@
 //!   lives there);
 //! - [`gguf`]: reading, validating and writing GGUF files without loading them;
 //! - [`synth`]: random-weight GGUFs with real model shapes;
+//! - [`fuzz`]: structure-aware GGUF mutation, each case loaded in a child process;
 //! - [`profile`]: measured speeds of this machine (CPU, GPU, link);
 //! - [`plan`]: the cost model and optimizer that place each weight per token tier;
 //! - [`launch`]: the one path from options and parameters to a checked plan,
@@ -17,6 +18,7 @@
 pub mod bench;
 pub mod default_model;
 pub mod engine;
+pub mod fuzz;
 pub mod generate;
 pub mod gguf;
 pub mod launch;

@@ -17,6 +17,10 @@ pub enum EngineError {
     ContextCreate { n_ctx: u32, n_batch: u32, n_ubatch: u32 },
     #[error("no ggml backend could be loaded from {searched}; pass --backend-dir or set PIPESHARD_BACKEND_DIR")]
     NoBackend { searched: String },
+    #[error(
+        "the model {path} has no vocabulary (tokenizer.ggml.model is none), so it cannot tokenize or detokenize text"
+    )]
+    NoVocab { path: PathBuf },
     #[error("tokenization of {len} bytes failed")]
     Tokenize { len: usize },
     #[error("text contains an interior NUL byte")]
