@@ -20,7 +20,7 @@ mod vision;
 pub use check::{dry_run_bytes, llama_device_bytes, make_measured_plan, verify, warm_up, LoadedMemory};
 pub use draft::{draft_cost, plan_with_draft, DraftCost, DraftSource, DRAFT_UBATCH};
 pub use options::{BudgetSpec, PipeshardOptions};
-pub use overhead::{OverheadSource, ProcessOverhead, ASSUMED_CONTEXT_BYTES, RUNTIME_BYTES};
+pub use overhead::{OverheadSource, ProcessOverhead, ASSUMED_CONTEXT_BYTES, RUNTIME_BYTES, RUNTIME_BYTES_PER_TOKEN};
 pub use vision::{vision_memory, vision_options, vision_setup, VisionMemory};
 
 use std::path::{Path, PathBuf};
@@ -216,7 +216,8 @@ pub fn plan_for(
     let profile_path = req.options.profile.as_deref();
     let (plan, overhead) = if let Some(path) = &req.options.plan {
         let plan = load_plan(path)?;
-        (plan, ProcessOverhead::for_machine(None))
+        let overhead = ProcessOverhead::for_machine(None, cp.n_ctx as u64);
+        (plan, overhead)
     } else if let Some(budget) = req.budget {
         if profile_path.is_none() && !engine::has_gpu() {
             tracing::warn!(
@@ -230,8 +231,8 @@ pub fn plan_for(
             source: Box::new(source),
         })?;
         let profile = machine_profile(profile_path, req.threads, progress)?;
-        let overhead = ProcessOverhead::for_machine(Some(&profile));
         let mut pr = plan_request(req, &info, cp, budget);
+        let overhead = ProcessOverhead::for_machine(Some(&profile), pr.n_ctx);
         pr.reserve = overhead.total() + req.vision.resident;
         tracing::info!(
             "budget {}: {} of it outside llama.cpp's buffers (CUDA context {} {:?}, runtime {})",

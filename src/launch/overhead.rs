@@ -20,11 +20,16 @@ pub const ASSUMED_CONTEXT_BYTES: u64 = 352 << 20;
 
 /// What grows after loading beyond llama.cpp's buffers and the streaming
 /// overhead the plan prices itself (ggml-cuda's pool, cuBLAS, CUDA graphs),
-/// at the peak of a warmed-up run. On the H200 (session 7) everything
-/// outside llama.cpp's buffers and the context came to 115 MiB for R1 at
-/// 2 GiB (the plan priced 94 MiB of streaming overhead) and 279 MiB for R2
-/// at 4 GiB (324 MiB priced).
+/// at the peak of a warmed-up run: [`RUNTIME_BYTES`] plus
+/// [`RUNTIME_BYTES_PER_TOKEN`] for each token of context, since attention's
+/// temporaries grow with it. On the H200 (bench/results/h200-session7),
+/// everything outside llama.cpp's buffers and the context came to 91-110
+/// MiB for R1 at 512-4096 tokens and 152-183 MiB at 16k (94 MiB of
+/// streaming overhead priced), and 280 MiB for R2 (324 MiB priced).
 pub const RUNTIME_BYTES: u64 = 64 << 20;
+
+/// See [`RUNTIME_BYTES`].
+pub const RUNTIME_BYTES_PER_TOKEN: u64 = 4 << 10;
 
 /// Where the context figure came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -50,8 +55,9 @@ pub struct ProcessOverhead {
 
 impl ProcessOverhead {
     /// The overhead of this process when it has a GPU (measured), else the
-    /// one of the machine `profile` describes.
-    pub fn for_machine(profile: Option<&MachineProfile>) -> ProcessOverhead {
+    /// one of the machine `profile` describes, with a context of `n_ctx`
+    /// tokens.
+    pub fn for_machine(profile: Option<&MachineProfile>, n_ctx: u64) -> ProcessOverhead {
         let (context, source) = match (
             engine::process_bytes_at_init(),
             profile.and_then(|p| p.process_context_bytes),
@@ -62,7 +68,7 @@ impl ProcessOverhead {
         };
         ProcessOverhead {
             context,
-            runtime: RUNTIME_BYTES,
+            runtime: RUNTIME_BYTES + RUNTIME_BYTES_PER_TOKEN * n_ctx,
             source,
         }
     }
