@@ -915,5 +915,13 @@ z8() {
     zsweep 16384 2
 }
 
+# z9: the runtime allowance that grows with the context: R1 at 2 GiB with
+# the reference prompt and with 16k tokens against each fixed ubatch.
+z9() {
+    ZUPSTREAM=0 zprep
+    one r1-2g r1 2GiB pipeshard
+    zsweep 16384 2
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
