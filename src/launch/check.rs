@@ -148,11 +148,17 @@ impl super::Launch {
         }
         let mut contexts: Vec<&Context<'_>> = vec![main];
         contexts.extend_from_slice(others);
+        let process = gpu.then(engine::process_device_bytes).flatten();
+        if gpu && process.is_none() {
+            tracing::warn!(
+                "NVML (libnvidia-ml.so.1) is not available: only llama.cpp's buffers and the budgeted overhead are checked against the budget, not the process's device memory"
+            );
+        }
         verify(LoadedMemory {
             budget: self.budget,
             llama: llama_device_bytes(&contexts),
             overhead: self.overhead.total(),
-            process: gpu.then(engine::process_device_bytes).flatten(),
+            process,
         })
     }
 }
