@@ -21,9 +21,10 @@ pub mod opbench;
 mod output_embeddings;
 mod placement;
 mod sampler;
+mod server;
 mod vision;
 
-pub use backend::{device_free_bytes, first_device, has_gpu, init, list_devices, Device, DeviceKind};
+pub use backend::{device_free_bytes, first_device, has_gpu, init, init_keep_log, list_devices, Device, DeviceKind};
 pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAttention};
 pub use error::{EngineError, Result};
 pub use memory::{buffer_types, device_buffer_types, dry_run_device_bytes, BufferType, MemoryBreakdown};
@@ -32,6 +33,7 @@ pub use placement::{
     stream_schedule, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery, OpKind, StreamStep, TensorPlacement,
 };
 pub use sampler::{Sampler, SamplingParams};
+pub use server::{run_llama_server, set_load_hook, LoadDecision, LoadHook, LoadRequest, LoadRole};
 pub use vision::{
     encoder_peak, media_marker, Bitmap, EncodeGate, EncoderPeak, PeakImage, VisionEval, VisionOptions, VisionProjector,
 };
