@@ -108,9 +108,14 @@ impl Server {
     }
 
     fn python(&self, mode: &str, key: Option<&str>) -> Value {
+        self.python_client("openai_client.py", mode, key)
+    }
+
+    /// Run `tests/python/SCRIPT BASE MODE [KEY]` and parse what it prints.
+    fn python_client(&self, script: &str, mode: &str, key: Option<&str>) -> Value {
         let pp = std::env::var("PIPESHARD_TEST_PYTHONPATH")
-            .expect("PIPESHARD_TEST_PYTHONPATH is not set: run `./dev test`, or install the OpenAI client with `python3 -m pip install --target .tools/py \"openai>=1.40,<3\"` and export PIPESHARD_TEST_PYTHONPATH=.tools/py");
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/openai_client.py");
+            .expect("PIPESHARD_TEST_PYTHONPATH is not set: run `./dev test`, or install the clients with `python3 -m pip install --target .tools/py \"openai>=1.40,<3\" \"anthropic>=0.40\"` and export PIPESHARD_TEST_PYTHONPATH=.tools/py");
+        let script = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
         let mut cmd = Command::new("python3");
         cmd.arg(script).arg(&self.base).arg(mode).env("PYTHONPATH", pp);
         if let Some(k) = key {
@@ -120,7 +125,7 @@ impl Server {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
-            "openai_client.py {mode} failed:\n{stdout}\n{}",
+            "{script} {mode} failed:\n{stdout}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
@@ -158,7 +163,8 @@ fn upstream_endpoints() {
 
     let props = s.get("/props");
     assert_eq!(props["total_slots"], 2);
-    assert_eq!(props["default_generation_settings"]["n_ctx"], 2048);
+    // Upstream reports each slot's share of the context.
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 1024);
     assert!(props["chat_template"].as_str().unwrap().contains("im_start"));
 
     let c = s.post(
@@ -237,6 +243,27 @@ fn openai_python_client_chat_and_stream() {
     assert!(st["chunks"].as_u64().unwrap() >= 3, "{st}");
     let js = s.python("json_schema", None);
     assert!(js["json"]["name"].is_string(), "{js}");
+}
+
+#[test]
+fn openai_and_anthropic_sdks_with_tool_calls() {
+    // A template with tool calls (upstream's copy of Qwen2.5's); the clients
+    // show the model three calls before asking for one.
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/vendor/llama.cpp/models/templates/Qwen-Qwen2.5-7B-Instruct.jinja"
+    );
+    let s = spawn(&["--chat-template-file", template, "-c", "4096"], "sdks");
+    let oai = s.python("tools", None);
+    assert_eq!(oai["tool"], "get_weather", "{oai}");
+    assert!(oai["arguments"]["city"].is_string(), "{oai}");
+    for mode in ["messages", "stream", "count_tokens"] {
+        let v = s.python_client("anthropic_client.py", mode, None);
+        assert!(v["anthropic_version"].is_string(), "{v}");
+    }
+    let tools = s.python_client("anthropic_client.py", "tools", None);
+    assert_eq!(tools["tool"], "get_weather", "{tools}");
+    assert!(tools["input"]["city"].is_string(), "{tools}");
 }
 
 #[test]
@@ -323,7 +350,7 @@ fn client_disconnect_frees_the_slot() {
 fn bad_requests_get_upstream_errors() {
     let s = spawn(&[], "bad");
     let cases: Vec<(&str, &str, String, u16)> = vec![
-        ("POST", "/completion", "{\"prompt\": \"x\"".into(), 500),
+        ("POST", "/completion", "{\"prompt\": \"x\"".into(), 400),
         ("POST", "/completion", r#"{"n_predict": 4}"#.into(), 400),
         (
             "POST",
@@ -426,7 +453,7 @@ fn bad_options_fail_with_a_clear_message() {
         (vec!["--vram-budget"], vec![], "--vram-budget"),
         (vec!["--stream-slots", "9"], vec![], "--stream-slots"),
         (vec![], vec![("PIPESHARD_STREAM_SLOTS", "many")], "--stream-slots"),
-        (vec!["--hybrid-experts", "-1"], vec![], "--hybrid-experts"),
+        (vec!["--hybrid-experts=-1"], vec![], "--hybrid-experts"),
         (
             vec!["--plan", "/no/such/plan.yaml"],
             vec![],
