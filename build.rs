@@ -488,6 +488,7 @@ fn generate_bindings(root: &Path, src: &Path, out_dir: &Path) -> Result<()> {
         src.join("ggml/include"),
         src.join("tools/mtmd"),
         src.join("common"),
+        src.join("tools/server"),
     ];
     let mut b = bindgen::Builder::default()
         .header(root.join("src/engine/wrapper.h").to_string_lossy())

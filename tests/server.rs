@@ -117,7 +117,7 @@ impl Server {
             .expect("PIPESHARD_TEST_PYTHONPATH is not set: run `./dev test`, or install the clients with `python3 -m pip install --target .tools/py \"openai>=1.40,<3\" \"anthropic>=0.40\"` and export PIPESHARD_TEST_PYTHONPATH=.tools/py");
         let script = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
         let mut cmd = Command::new("python3");
-        cmd.arg(script).arg(&self.base).arg(mode).env("PYTHONPATH", pp);
+        cmd.arg(&script).arg(&self.base).arg(mode).env("PYTHONPATH", pp);
         if let Some(k) = key {
             cmd.arg(k);
         }
@@ -166,6 +166,8 @@ fn upstream_endpoints() {
     // Upstream reports each slot's share of the context.
     assert_eq!(props["default_generation_settings"]["n_ctx"], 1024);
     assert!(props["chat_template"].as_str().unwrap().contains("im_start"));
+    // Without pipeshard's options, nothing of pipeshard's shows.
+    assert!(props.get("pipeshard").is_none(), "{props}");
 
     let c = s.post(
         "/completion",

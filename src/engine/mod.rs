@@ -33,7 +33,10 @@ pub use placement::{
     stream_schedule, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery, OpKind, StreamStep, TensorPlacement,
 };
 pub use sampler::{Sampler, SamplingParams};
-pub use server::{run_llama_server, set_load_hook, LoadDecision, LoadHook, LoadRequest, LoadRole};
+pub use server::{
+    run_llama_server, set_load_hook, set_media_release_compute, set_projector_hook, set_server_reports, LoadDecision,
+    LoadHook, LoadRequest, LoadRole, ProjectorHook, ProjectorParams, ReportText,
+};
 pub use vision::{
     encoder_peak, media_marker, Bitmap, EncodeGate, EncoderPeak, PeakImage, VisionEval, VisionOptions, VisionProjector,
 };

@@ -175,3 +175,112 @@ pub fn run_llama_server(program: &str, args: &[String]) -> i32 {
     // reads them.
     unsafe { ffi::pipeshard_llama_server((argv.len() - 1) as i32, argv.as_mut_ptr()) }
 }
+
+/// The multimodal projector's parameters the server will load it with, as
+/// far as pipeshard sets them (patch 0004's fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProjectorParams {
+    /// Upstream's `--mmproj-offload` (on by default).
+    pub use_gpu: bool,
+    /// Keep the encoder's weights in pinned host memory and stream them.
+    pub weights_on_host: bool,
+    /// Device slots for the streamed weights.
+    pub stream_slots: u32,
+}
+
+/// Called with the projector's path and parameters right before the server
+/// measures and loads it (patch 0008); changes are installed.
+pub type ProjectorHook = Box<dyn Fn(&std::path::Path, &mut ProjectorParams) + Send + Sync>;
+
+/// Text for the server's reports: `/props`' field and `/metrics`' lines.
+pub type ReportText = Box<dyn Fn() -> String + Send + Sync>;
+
+static PROJECTOR_HOOK: OnceLock<ProjectorHook> = OnceLock::new();
+static PROPS: OnceLock<(CString, ReportText)> = OnceLock::new();
+static METRICS: OnceLock<ReportText> = OnceLock::new();
+
+unsafe extern "C" fn projector_trampoline(path: *const c_char, params: *mut ffi::mtmd_context_params, _: *mut c_void) {
+    let (Some(hook), Some(path), false) = (PROJECTOR_HOOK.get(), path_of(path), params.is_null()) else {
+        return;
+    };
+    // SAFETY: the server passes its parameters for the duration of the call.
+    let params = &mut *params;
+    let mut p = ProjectorParams {
+        use_gpu: params.use_gpu,
+        weights_on_host: params.weights_on_host,
+        stream_slots: params.n_stream_slots.max(0) as u32,
+    };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&path, &mut p))).is_ok() {
+        params.use_gpu = p.use_gpu;
+        params.weights_on_host = p.weights_on_host;
+        params.n_stream_slots = p.stream_slots.min(i32::MAX as u32) as i32;
+    }
+}
+
+/// Install `hook` for the server's multimodal projector (`-mm`). Only the
+/// first call installs anything; later calls return false.
+pub fn set_projector_hook(hook: ProjectorHook) -> bool {
+    if PROJECTOR_HOOK.set(hook).is_err() {
+        return false;
+    }
+    // SAFETY: the trampoline only reads PROJECTOR_HOOK, which lives for the
+    // rest of the process.
+    unsafe { ffi::llama_server_set_mtmd_params_cb(Some(projector_trampoline), std::ptr::null_mut()) };
+    true
+}
+
+/// Whether the server frees the language model's compute buffers before it
+/// encodes media, and the encoder's after (patch 0008 with patch 0004), so
+/// their device memory peaks never coexist.
+pub fn set_media_release_compute(on: bool) {
+    // SAFETY: sets a flag the server reads on its own thread.
+    unsafe { ffi::llama_server_set_media_release_compute(on) };
+}
+
+/// snprintf-style copy of `text` into `buf` of `size` bytes.
+unsafe fn write_text(text: &str, buf: *mut c_char, size: usize) -> usize {
+    let bytes = text.as_bytes();
+    if !buf.is_null() && size > 0 {
+        let n = bytes.len().min(size - 1);
+        // SAFETY: the server's buffer holds `size` bytes.
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, n);
+        *buf.add(n) = 0;
+    }
+    bytes.len()
+}
+
+unsafe extern "C" fn props_trampoline(buf: *mut c_char, size: usize, _: *mut c_void) -> usize {
+    let text = PROPS
+        .get()
+        .and_then(|(_, f)| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok())
+        .unwrap_or_else(|| "null".into());
+    write_text(&text, buf, size)
+}
+
+unsafe extern "C" fn metrics_trampoline(buf: *mut c_char, size: usize, _: *mut c_void) -> usize {
+    let text = METRICS
+        .get()
+        .and_then(|f| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok())
+        .unwrap_or_default();
+    write_text(&text, buf, size)
+}
+
+/// Add the field `key` to the server's `GET /props`, its value the JSON
+/// text `props` returns, and `metrics`' Prometheus text to `GET /metrics`
+/// (patch 0008). Only the first call installs anything.
+pub fn set_server_reports(key: &str, props: ReportText, metrics: ReportText) -> bool {
+    let Ok(key) = CString::new(key) else {
+        return false;
+    };
+    if PROPS.set((key, props)).is_err() || METRICS.set(metrics).is_err() {
+        return false;
+    }
+    let key = &PROPS.get().expect("set above").0;
+    // SAFETY: the trampolines only read PROPS and METRICS, and the key
+    // outlives the server; both live for the rest of the process.
+    unsafe {
+        ffi::llama_server_set_props_cb(key.as_ptr(), Some(props_trampoline), std::ptr::null_mut());
+        ffi::llama_server_set_metrics_cb(Some(metrics_trampoline), std::ptr::null_mut());
+    }
+    true
+}

@@ -12,11 +12,13 @@
 
 mod options;
 mod plan;
+mod report;
 
 use std::path::PathBuf;
 
 pub use options::{split_args, Budget, ServerOptions, HELP};
 pub use plan::{installed, Installed};
+pub use report::{metrics_text, props_json};
 
 use crate::engine;
 
@@ -56,6 +58,18 @@ pub fn serve(program: &str, opts: ServerOptions, upstream: &[String]) -> Result<
         engine::set_load_hook(Box::new(move |req, mp, cp| {
             plan::on_load(&hook_opts, req, mp, cp).map_err(|e| e.to_string())
         }));
+        let hook_opts = opts.clone();
+        engine::set_projector_hook(Box::new(move |path, p| plan::on_projector(&hook_opts, path, p)));
+        // pipeshard's field in /props and gauges in /metrics (with --metrics).
+        let budget = match opts.vram_budget {
+            Some(Budget::Bytes(b)) => Some(b),
+            _ => None,
+        };
+        engine::set_server_reports(
+            "pipeshard",
+            Box::new(move || props_json(budget)),
+            Box::new(move || metrics_text(budget)),
+        );
     }
     Ok(engine::run_llama_server(program, upstream))
 }

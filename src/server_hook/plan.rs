@@ -2,11 +2,14 @@
 //! upstream resolved, and installed into them.
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::options::{Budget, ServerOptions};
 use super::ServeError;
-use crate::engine::{self, ContextParams, LoadDecision, LoadRequest, LoadRole, ModelParams};
+use crate::engine::{
+    self, ContextParams, LoadDecision, LoadRequest, LoadRole, ModelParams, OffloadQuery, PeakImage, ProjectorParams,
+    VisionOptions,
+};
 use crate::plan::runtime::{self, DraftSource, PlanSource};
 use crate::plan::{self, Plan};
 
@@ -15,6 +18,10 @@ use crate::plan::{self, Plan};
 #[derive(Debug, Clone)]
 pub struct Installed {
     pub plan: Plan,
+    /// The budget it was made for, bytes (None for a saved plan).
+    pub budget: Option<u64>,
+    /// Whether it came from `--plan`.
+    pub from_file: bool,
     /// The plan's place for the draft model: Some(true) on the GPU.
     pub draft_on_gpu: Option<bool>,
 }
@@ -79,12 +86,28 @@ fn plan_target(
         }
     };
     let n_ctx = context_length(&req.model, cp.n_ctx)?;
+    let threads = cp.n_threads.unwrap_or_else(engine::default_threads);
+    // The vision encoder's peak, measured for the largest image it takes,
+    // when the projector runs pipeshard's way (see `on_projector`).
+    let vision = match (&req.mmproj, *VISION.lock().map_err(|_| ServeError::Poisoned)?, budget) {
+        (Some(mmproj), Some(mut v), Some(_)) => {
+            v.threads = threads;
+            runtime::vision_setup(&req.model, Some(mmproj), v, true, &PeakImage::Largest)
+                .map_err(|source| ServeError::Plan {
+                    model: mmproj.clone(),
+                    source,
+                })?
+                .unwrap_or_default()
+        }
+        _ => Default::default(),
+    };
     let source = PlanSource {
         plan_file: opts.plan.clone(),
         budget,
         profile: opts.profile.clone(),
         stream_slots: opts.stream_slots,
         hybrid_gpu_experts: opts.hybrid_experts,
+        vision,
         draft: req.draft.clone().map(|path| DraftSource {
             path,
             on_gpu: None,
@@ -93,7 +116,6 @@ fn plan_target(
         }),
         ..Default::default()
     };
-    let threads = cp.n_threads.unwrap_or_else(engine::default_threads);
     let planned =
         runtime::plan_for_model(&source, &req.model, n_ctx, threads, |_, _| {}).map_err(|source| ServeError::Plan {
             model: req.model.clone(),
@@ -120,8 +142,49 @@ fn plan_target(
         plan.stream_slots,
         plan.predicted.decode_tok_s,
     );
+    // The offload policy sees every ubatch the scheduler places: its size
+    // is the plan tier /metrics reports.
+    if let Some(inner) = cp.offload.take() {
+        cp.offload = Some(Arc::new(move |q: &OffloadQuery<'_>| {
+            super::report::note_ubatch(q.n_tokens);
+            inner(q)
+        }));
+    }
+    super::report::start_peak_sampler();
     let draft_on_gpu = plan.workload.speculation.map(|s| s.draft_on_gpu);
-    Ok(Some(Installed { plan, draft_on_gpu }))
+    Ok(Some(Installed {
+        plan,
+        budget: if opts.plan.is_some() { None } else { budget },
+        from_file: opts.plan.is_some(),
+        draft_on_gpu,
+    }))
+}
+
+/// How the vision encoder runs under the plan, once the projector hook set it.
+static VISION: Mutex<Option<VisionOptions>> = Mutex::new(None);
+
+/// The projector hook: with a plan and a GPU, the encoder's weights stay in
+/// pinned host memory and stream to the GPU, and the server keeps the
+/// encoder's compute memory and the language model's apart around every
+/// image (patches 0004 and 0008); the plan then budgets the larger of the
+/// two peaks, not their sum. Otherwise the encoder runs as upstream's.
+pub fn on_projector(opts: &ServerOptions, path: &Path, p: &mut ProjectorParams) {
+    if !opts.plans() || !p.use_gpu || !engine::has_gpu() {
+        return;
+    }
+    p.weights_on_host = true;
+    p.stream_slots = opts.vision_stream_slots;
+    engine::set_media_release_compute(true);
+    let mut v = VisionOptions::budgeted(engine::default_threads());
+    v.stream_slots = opts.vision_stream_slots;
+    if let Ok(mut g) = VISION.lock() {
+        *g = Some(v);
+    }
+    tracing::info!(
+        "vision encoder {}: weights in host memory, {} stream slots, compute released around each image",
+        path.display(),
+        p.stream_slots
+    );
 }
 
 /// Upstream's default `--spec-draft-n-max`.
