@@ -26,7 +26,9 @@ for f in "$DIST"/lib/*.so; do strip --strip-unneeded "$f" 2>/dev/null || true; d
 tar -C "$SRC" -czf "$DIST/llama.cpp-src.tar.gz" \
     --exclude=./models --exclude=./docs --exclude=./examples --exclude=./tests \
     --exclude=./gguf-py --exclude=./tools/server --exclude=./tools/ui --exclude=./ci \
-    --exclude=./pocs --exclude=./.devops --exclude=./media --exclude=./grammars .
+    --exclude=./pocs --exclude=./.devops --exclude=./media --exclude=./grammars \
+    --exclude=./benches --exclude=./conversion --exclude=./.github --exclude=./tools/mtmd/test-3.mp4 \
+    --exclude=./tools/mtmd/test-2.mp3 .
 cp scripts/device/build-cuda.sh "$DIST/"
 echo "pack: $(du -sh "$DIST" | cut -f1) in $DIST"
 ls -la "$DIST" "$DIST/lib"
