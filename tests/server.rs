@@ -1,7 +1,9 @@
-//! End-to-end tests of `pipeshard-server` on the default model: the built
-//! binary is started on a free loopback port and driven over HTTP with ureq
-//! and with the real OpenAI Python client (`tests/python/openai_client.py`,
-//! found through `PIPESHARD_TEST_PYTHONPATH`, which `./dev test` sets).
+//! End-to-end tests of `pipeshard-server` (llama.cpp's own server with
+//! pipeshard's load hook) on the default model: the built binary is started
+//! on a free loopback port and driven over HTTP with ureq and with the real
+//! OpenAI Python client (`tests/python/openai_client.py`, found through
+//! `PIPESHARD_TEST_PYTHONPATH`, which `./dev test` sets). Upstream's own
+//! server tests run through `scripts/server-tests.sh`.
 
 mod common;
 
@@ -69,47 +71,6 @@ impl Server {
         }
     }
 
-    /// POST an oversized body over a raw connection, reading the answer
-    /// while the body is still being written: the server answers 413 after
-    /// the limit and closes, and a client that only reads after writing
-    /// everything sees a broken pipe instead of the answer.
-    fn post_oversized(&self, path: &str, body: &str) -> (u16, String) {
-        let addr = self.base.trim_start_matches("http://").to_string();
-        for _ in 0..3 {
-            let mut stream = TcpStream::connect(&addr).unwrap();
-            stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-            let mut writer = stream.try_clone().unwrap();
-            let head = format!(
-                "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let body = body.to_string();
-            let w = std::thread::spawn(move || {
-                let _ = writer
-                    .write_all(head.as_bytes())
-                    .and_then(|_| writer.write_all(body.as_bytes()));
-            });
-            let mut resp = Vec::new();
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stream.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                resp.extend_from_slice(&buf[..n]);
-            }
-            let _ = w.join();
-            let text = String::from_utf8_lossy(&resp).into_owned();
-            if let Some(code) = text.split_whitespace().nth(1).and_then(|c| c.parse::<u16>().ok()) {
-                let body = text
-                    .split_once("\r\n\r\n")
-                    .map(|(_, b)| b.to_string())
-                    .unwrap_or_default();
-                return (code, body);
-            }
-        }
-        panic!("POST {path}: no answer to an oversized body in 3 tries");
-    }
-
     fn get(&self, path: &str) -> Value {
         let (code, body) = self.call("GET", path, None, None);
         assert_eq!(code, 200, "GET {path}: {body}");
@@ -147,11 +108,16 @@ impl Server {
     }
 
     fn python(&self, mode: &str, key: Option<&str>) -> Value {
+        self.python_client("openai_client.py", mode, key)
+    }
+
+    /// Run `tests/python/SCRIPT BASE MODE [KEY]` and parse what it prints.
+    fn python_client(&self, script: &str, mode: &str, key: Option<&str>) -> Value {
         let pp = std::env::var("PIPESHARD_TEST_PYTHONPATH")
-            .expect("PIPESHARD_TEST_PYTHONPATH is not set: run `./dev test`, or install the OpenAI client with `python3 -m pip install --target .tools/py \"openai>=1.40,<3\"` and export PIPESHARD_TEST_PYTHONPATH=.tools/py");
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/openai_client.py");
+            .expect("PIPESHARD_TEST_PYTHONPATH is not set: run `./dev test`, or install the clients with `python3 -m pip install --target .tools/py \"openai>=1.40,<3\" \"anthropic>=0.40\"` and export PIPESHARD_TEST_PYTHONPATH=.tools/py");
+        let script = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
         let mut cmd = Command::new("python3");
-        cmd.arg(script).arg(&self.base).arg(mode).env("PYTHONPATH", pp);
+        cmd.arg(&script).arg(&self.base).arg(mode).env("PYTHONPATH", pp);
         if let Some(k) = key {
             cmd.arg(k);
         }
@@ -159,25 +125,49 @@ impl Server {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
-            "openai_client.py {mode} failed:\n{stdout}\n{}",
+            "{script} {mode} failed:\n{stdout}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
     }
 }
 
+/// A pipeshard-server run that must fail before serving: (exit code, stderr+stdout).
+fn fails(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let mut cmd = Command::new(SERVER);
+    cmd.args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("LLAMA_ARG_") || k.starts_with("PIPESHARD_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
 #[test]
-fn native_endpoints() {
-    let s = spawn(&["--metrics", "--vram-budget", "1GiB"], "native");
+fn upstream_endpoints() {
+    let s = spawn(&["--metrics"], "endpoints");
     let models = s.get("/v1/models");
     assert_eq!(models["object"], "list");
-    assert!(models["data"][0]["id"].as_str().unwrap().ends_with(".gguf"));
-    assert_eq!(s.get("/models")["data"], models["data"]);
+    assert!(
+        models["data"][0]["id"].as_str().unwrap().contains("SmolLM2"),
+        "{models}"
+    );
 
     let props = s.get("/props");
     assert_eq!(props["total_slots"], 2);
+    // Upstream reports each slot's share of the context.
     assert_eq!(props["default_generation_settings"]["n_ctx"], 1024);
     assert!(props["chat_template"].as_str().unwrap().contains("im_start"));
+    // Without pipeshard's options, nothing of pipeshard's shows.
+    assert!(props.get("pipeshard").is_none(), "{props}");
 
     let c = s.post(
         "/completion",
@@ -203,66 +193,8 @@ fn native_endpoints() {
     );
     assert_eq!(again["content"], c["content"]);
     assert!(again["timings"]["cache_n"].as_u64().unwrap() > 0, "{again}");
-    // Stop strings cut the text and are reported.
-    let st = s.post(
-        "/completion",
-        &json!({"prompt": "The capital of France is", "n_predict": 16, "temperature": 0, "stop": ["."]}),
-    );
-    assert_eq!(st["stop_type"], "word");
-    assert!(!st["content"].as_str().unwrap().contains('.'), "{st}");
 
-    let toks = s.post("/tokenize", &json!({"content": "Hello world"}))["tokens"].clone();
-    assert!(toks.as_array().unwrap().len() >= 2);
-    let back = s.post("/detokenize", &json!({"tokens": toks}));
-    assert_eq!(back["content"], "Hello world");
-    let pieces = s.post("/tokenize", &json!({"content": "Hello world", "with_pieces": true}));
-    assert_eq!(pieces["tokens"][0]["piece"], "Hello");
-    let tmpl = s.post(
-        "/apply-template",
-        &json!({"messages": [{"role": "user", "content": "Hi there"}]}),
-    );
-    let p = tmpl["prompt"].as_str().unwrap();
-    assert!(
-        p.contains("<|im_start|>user\nHi there<|im_end|>") && p.ends_with("<|im_start|>assistant\n"),
-        "{p}"
-    );
-
-    let slots = s.get("/slots");
-    assert_eq!(slots.as_array().unwrap().len(), 2);
-    assert!(slots.as_array().unwrap().iter().all(|x| x["is_processing"] == false));
-
-    let (code, metrics) = s.call("GET", "/metrics", None, None);
-    assert_eq!(code, 200);
-    for name in [
-        "llamacpp:prompt_tokens_total",
-        "llamacpp:tokens_predicted_total",
-        "llamacpp:requests_processing",
-        "llamacpp:n_decode_total",
-        "pipeshard_vram_used_bytes",
-        "pipeshard_plan_tier",
-        "pipeshard_bytes_streamed_total",
-    ] {
-        assert!(
-            metrics.contains(&format!("\n{name} ")) || metrics.starts_with(&format!("{name} ")),
-            "no {name}:\n{metrics}"
-        );
-    }
-    assert!(
-        metrics.contains("\npipeshard_vram_budget_bytes 1073741824\n"),
-        "{metrics}"
-    );
-    let predicted: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("llamacpp:tokens_predicted_total "))
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(predicted >= 16.0, "{metrics}");
-}
-
-#[test]
-fn native_stream_matches_non_stream() {
-    let s = spawn(&[], "nstream");
+    // Streaming gives the text the plain answer gives.
     let body =
         json!({"prompt": "Once upon a time", "n_predict": 24, "temperature": 0.9, "seed": 7, "cache_prompt": false});
     let full = s.post("/completion", &body);
@@ -271,49 +203,37 @@ fn native_stream_matches_non_stream() {
     let frames = s.stream("/completion", &sb);
     assert!(frames.len() >= 2, "{frames:?}");
     let mut text = String::new();
-    let mut last = Value::Null;
     for f in &frames {
         let v: Value = serde_json::from_str(f).unwrap();
-        text.push_str(v["content"].as_str().unwrap());
-        last = v;
+        text.push_str(v["content"].as_str().unwrap_or_default());
     }
-    assert_eq!(last["stop"], true);
-    assert!(last["timings"]["predicted_n"].as_u64().unwrap() > 0);
     assert_eq!(text, full["content"].as_str().unwrap());
-}
 
-#[test]
-fn openai_stream_equals_non_stream_for_same_seed() {
-    let s = spawn(&[], "ostream");
-    let body = json!({
-        "messages": [{"role": "user", "content": "Tell me a story about a cat."}],
-        "max_tokens": 32, "temperature": 1.0, "seed": 1234, "cache_prompt": false,
-    });
-    let full = s.post("/v1/chat/completions", &body);
-    let want = full["choices"][0]["message"]["content"].as_str().unwrap().to_string();
-    let mut sb = body.clone();
-    sb["stream"] = json!(true);
-    sb["stream_options"] = json!({"include_usage": true});
-    let frames = s.stream("/v1/chat/completions", &sb);
-    assert_eq!(frames.last().map(String::as_str), Some("[DONE]"));
-    let mut text = String::new();
-    let mut usage = Value::Null;
-    for f in &frames[..frames.len() - 1] {
-        let v: Value = serde_json::from_str(f).unwrap();
-        if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
-            text.push_str(c);
-        }
-        if !v["usage"].is_null() {
-            usage = v["usage"].clone();
-        }
+    let toks = s.post("/tokenize", &json!({"content": "Hello world"}))["tokens"].clone();
+    assert!(toks.as_array().unwrap().len() >= 2);
+    assert_eq!(
+        s.post("/detokenize", &json!({"tokens": toks}))["content"],
+        "Hello world"
+    );
+    let tmpl = s.post(
+        "/apply-template",
+        &json!({"messages": [{"role": "user", "content": "Hi there"}]}),
+    );
+    let p = tmpl["prompt"].as_str().unwrap();
+    assert!(p.contains("<|im_start|>user\nHi there<|im_end|>"), "{p}");
+
+    let slots = s.get("/slots");
+    assert_eq!(slots.as_array().unwrap().len(), 2);
+
+    let (code, metrics) = s.call("GET", "/metrics", None, None);
+    assert_eq!(code, 200);
+    for name in [
+        "llamacpp:prompt_tokens_total",
+        "llamacpp:tokens_predicted_total",
+        "llamacpp:requests_processing",
+    ] {
+        assert!(metrics.contains(name), "no {name}:\n{metrics}");
     }
-    assert_eq!(text, want);
-    assert_eq!(usage, full["usage"]);
-    // A different seed gives a different text (the seed is honoured).
-    let mut other = body.clone();
-    other["seed"] = json!(99);
-    let diff = s.post("/v1/chat/completions", &other);
-    assert_ne!(diff["choices"][0]["message"]["content"].as_str().unwrap(), want);
 }
 
 #[test]
@@ -328,37 +248,47 @@ fn openai_python_client_chat_and_stream() {
 }
 
 #[test]
+fn openai_and_anthropic_sdks_with_tool_calls() {
+    // A template with tool calls (upstream's copy of Qwen2.5's); the clients
+    // show the model three calls before asking for one.
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/vendor/llama.cpp/models/templates/Qwen-Qwen2.5-7B-Instruct.jinja"
+    );
+    let s = spawn(&["--chat-template-file", template, "-c", "4096"], "sdks");
+    let oai = s.python("tools", None);
+    assert_eq!(oai["tool"], "get_weather", "{oai}");
+    assert!(oai["arguments"]["city"].is_string(), "{oai}");
+    for mode in ["messages", "stream", "count_tokens"] {
+        let v = s.python_client("anthropic_client.py", mode, None);
+        assert!(v["anthropic_version"].is_string(), "{v}");
+    }
+    let tools = s.python_client("anthropic_client.py", "tools", None);
+    assert_eq!(tools["tool"], "get_weather", "{tools}");
+    assert!(tools["input"]["city"].is_string(), "{tools}");
+}
+
+#[test]
 fn embeddings_only_with_flag() {
     let plain = spawn(&[], "noembd");
     let (code, body) = plain.call("POST", "/v1/embeddings", Some(r#"{"input":"hi"}"#), None);
     assert_eq!(code, 501, "{body}");
     drop(plain);
 
-    let s = spawn(&["--embeddings"], "embd");
+    let s = spawn(&["--embeddings", "--pooling", "mean"], "embd");
     let py = s.python("embeddings", None);
     assert_eq!(py["dim"], 576);
-    let native = s.post("/embedding", &json!({"content": "hello world"}));
-    let v = native[0]["embedding"][0].as_array().unwrap();
-    assert_eq!(v.len(), 576);
-    // Chat still works next to embeddings.
-    s.assert_up();
 }
 
 #[test]
 fn parallel_requests_all_finish() {
-    // One KV stream per slot: a sequence's cells are laid out as when it
-    // runs alone. In the unified cache they interleave with the other
-    // slots', which regroups the CPU's vectorised softmax sums, so a close
-    // greedy choice could differ from the solo run's by rounding alone.
-    let s = spawn(&["--no-kv-unified"], "parallel");
+    let s = spawn(&[], "parallel");
     let prompts = [
         "The sea is",
         "My favourite food is",
         "In 1492,",
         "Rust is a language that",
-        "The moon",
     ];
-    let t0 = Instant::now();
     let results: Vec<Value> = std::thread::scope(|sc| {
         let hs: Vec<_> = prompts
             .iter()
@@ -367,7 +297,7 @@ fn parallel_requests_all_finish() {
                 sc.spawn(move || {
                     s.post(
                         "/completion",
-                        &json!({"prompt": p, "n_predict": 40, "temperature": 0, "ignore_eos": true}),
+                        &json!({"prompt": p, "n_predict": 24, "temperature": 0, "ignore_eos": true}),
                     )
                 })
             })
@@ -375,21 +305,12 @@ fn parallel_requests_all_finish() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (p, r) in prompts.iter().zip(&results) {
-        assert_eq!(r["tokens_predicted"], 40, "{p}: {r}");
-        assert!(!r["content"].as_str().unwrap().is_empty());
+        assert_eq!(r["tokens_predicted"], 24, "{p}: {r}");
     }
-    // Both slots were used.
     let mut ids: Vec<u64> = results.iter().map(|r| r["id_slot"].as_u64().unwrap()).collect();
     ids.sort();
     ids.dedup();
     assert_eq!(ids, vec![0, 1], "{results:?}");
-    // Each alone equals the batched result (greedy).
-    let solo = s.post(
-        "/completion",
-        &json!({"prompt": prompts[0], "n_predict": 40, "temperature": 0, "ignore_eos": true, "cache_prompt": false}),
-    );
-    assert_eq!(solo["content"], results[0]["content"]);
-    eprintln!("5 parallel requests in {:?}", t0.elapsed());
 }
 
 #[test]
@@ -411,13 +332,7 @@ fn client_disconnect_frees_the_slot() {
         assert!(n > 0, "connection closed early");
         got.extend_from_slice(&buf[..n]);
     }
-    let busy = s.get("/slots");
-    assert!(
-        busy.as_array().unwrap().iter().any(|x| x["is_processing"] == true),
-        "{busy}"
-    );
     drop(conn);
-    // The slot is released long before the 1024-token slot context fills up.
     let t0 = Instant::now();
     loop {
         let slots = s.get("/slots");
@@ -425,7 +340,7 @@ fn client_disconnect_frees_the_slot() {
             break;
         }
         assert!(
-            t0.elapsed() < Duration::from_secs(3),
+            t0.elapsed() < Duration::from_secs(10),
             "slot still busy after disconnect: {slots}"
         );
         std::thread::sleep(Duration::from_millis(50));
@@ -434,38 +349,28 @@ fn client_disconnect_frees_the_slot() {
 }
 
 #[test]
-fn bad_requests_get_4xx_and_the_server_stays_up() {
-    let s = spawn(&["--max-body-size", "1MiB"], "bad");
+fn bad_requests_get_upstream_errors() {
+    let s = spawn(&[], "bad");
     let cases: Vec<(&str, &str, String, u16)> = vec![
         ("POST", "/completion", "{\"prompt\": \"x\"".into(), 400),
-        ("POST", "/completion", "not json".into(), 400),
-        ("POST", "/completion", "[1,2]".into(), 400),
-        ("POST", "/completion", r#"{"prompt": 5}"#.into(), 400),
-        ("POST", "/completion", r#"{"prompt": "x", "temperature": "hot"}"#.into(), 400),
-        ("POST", "/completion", r#"{"prompt": "x", "n_predict": "many"}"#.into(), 400),
-        ("POST", "/completion", r#"{"prompt": "x", "stop": 3}"#.into(), 400),
-        ("POST", "/completion", r#"{"prompt": "x", "grammar": "root ::= nope"}"#.into(), 400),
-        ("POST", "/completion", r#"{"prompt": [999999999]}"#.into(), 400),
-        ("POST", "/completion", format!(r#"{{"prompt": "{}"}}"#, "hello ".repeat(1500)), 400),
-        ("POST", "/v1/chat/completions", r#"{"messages": "hi"}"#.into(), 400),
-        ("POST", "/v1/chat/completions", r#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#.into(), 400),
+        ("POST", "/completion", r#"{"n_predict": 4}"#.into(), 400),
         (
             "POST",
-            "/v1/chat/completions",
-            r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]}"#.into(),
+            "/completion",
+            r#"{"prompt": "x", "grammar": "root ::= nope"}"#.into(),
             400,
         ),
-        ("POST", "/v1/chat/completions", r#"{"messages": [{"role":"user","content":"x"}], "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}}"#.into(), 400),
-        ("POST", "/detokenize", r#"{"tokens": ["a"]}"#.into(), 400),
-        ("POST", "/completion", format!(r#"{{"prompt": "{}"}}"#, "a".repeat(2 << 20)), 413),
-        ("GET", "/no/such/endpoint", String::new(), 404),
+        (
+            "POST",
+            "/completion",
+            format!(r#"{{"prompt": "{}"}}"#, "hello ".repeat(1500)),
+            400,
+        ),
+        ("POST", "/v1/chat/completions", r#"{"messages": "hi"}"#.into(), 400),
+        ("POST", "/v1/embeddings", r#"{"input": "x"}"#.into(), 501),
     ];
     for (method, path, body, want) in cases {
-        let (code, text) = if want == 413 {
-            s.post_oversized(path, &body)
-        } else {
-            s.call(method, path, (!body.is_empty()).then_some(body.as_str()), None)
-        };
+        let (code, text) = s.call(method, path, (!body.is_empty()).then_some(body.as_str()), None);
         assert_eq!(code, want, "{method} {path} {}: {text}", &body[..body.len().min(80)]);
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text}"));
         assert_eq!(v["error"]["code"], want, "{text}");
@@ -474,13 +379,13 @@ fn bad_requests_get_4xx_and_the_server_stays_up() {
             "{text}"
         );
     }
-    let (code, text) = s.call(
+    let (_, text) = s.call(
         "POST",
         "/completion",
         Some(&format!(r#"{{"prompt": "{}"}}"#, "hello ".repeat(1500))),
         None,
     );
-    assert!(text.contains("exceed_context_size_error"), "{code} {text}");
+    assert!(text.contains("exceed_context_size_error"), "{text}");
     s.assert_up();
 }
 
@@ -493,16 +398,14 @@ fn api_key_gives_401_without_it() {
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["error"]["type"], "authentication_error");
     assert_eq!(s.call("POST", "/completion", Some(body), Some("wrong")).0, 401);
-    assert_eq!(s.call("GET", "/slots", None, None).0, 401);
     assert_eq!(s.call("POST", "/completion", Some(body), Some("sekrit")).0, 200);
     assert_eq!(s.call("GET", "/health", None, None).0, 200);
-    assert_eq!(s.call("GET", "/v1/models", None, None).0, 200);
     assert_eq!(s.python("unauthorized", Some("wrong"))["status"], 401);
 }
 
 #[test]
-fn llama_server_flags_and_env_vars() {
-    // Environment (LLAMA_ARG_*) plus multi-letter short flags, through `pipeshard serve`.
+fn pipeshard_serve_takes_llama_server_flags_and_env_vars() {
+    // LLAMA_ARG_* variables and upstream's short flags, through `pipeshard serve`.
     let s = spawn_cmd(
         env!("CARGO_BIN_EXE_pipeshard"),
         &["serve"],
@@ -513,17 +416,10 @@ fn llama_server_flags_and_env_vars() {
             "off",
             "-ctk",
             "f16",
-            "-ctv",
-            "f16",
             "-ub",
             "256",
             "-b",
             "512",
-            "-to",
-            "30",
-            "--cont-batching",
-            "--numa",
-            "distribute",
             "-a",
             "smol",
             "--jinja",
@@ -538,37 +434,81 @@ fn llama_server_flags_and_env_vars() {
     );
     let props = s.get("/props");
     assert_eq!(props["total_slots"], 3);
-    assert_eq!(props["default_generation_settings"]["n_ctx"], 512);
     assert_eq!(s.get("/v1/models")["data"][0]["id"], "smol");
     assert_eq!(s.call("GET", "/metrics", None, None).0, 200);
     assert_eq!(s.call("GET", "/slots", None, None).0, 501);
-    // --jinja renders the GGUF's own template, which adds its default system prompt.
-    let p = s.post(
-        "/apply-template",
-        &json!({"messages": [{"role": "user", "content": "Hi"}]}),
-    );
-    assert!(p["prompt"].as_str().unwrap().starts_with("<|im_start|>system\n"), "{p}");
+    s.assert_up();
+}
+
+#[test]
+fn bad_options_fail_with_a_clear_message() {
+    let m = common::default_model_path().display().to_string();
+    // pipeshard's own options: exit code 1 and what is wrong, before anything loads.
+    for (args, env, want) in [
+        (vec!["--vram-budget", "lots"], vec![], "--vram-budget"),
+        (vec!["--vram-budget"], vec![], "--vram-budget"),
+        (vec!["--stream-slots", "9"], vec![], "--stream-slots"),
+        (vec![], vec![("PIPESHARD_STREAM_SLOTS", "many")], "--stream-slots"),
+        (vec!["--hybrid-experts=-1"], vec![], "--hybrid-experts"),
+        (
+            vec!["--plan", "/no/such/plan.yaml"],
+            vec![],
+            "/no/such/plan.yaml: no such file",
+        ),
+    ] {
+        let mut all = vec!["-m", m.as_str(), "--port", "0"];
+        all.extend(&args);
+        let (code, text) = fails(&all, &env);
+        assert_eq!(code, 1, "{args:?}: {text}");
+        assert!(text.contains(want), "{args:?}: {text}");
+    }
+    // Upstream's own options get upstream's parser and its message.
+    let (code, text) = fails(&["--definitely-not-a-flag"], &[]);
+    assert_ne!(code, 0, "{text}");
+    assert!(text.contains("--definitely-not-a-flag"), "{text}");
+    // --help lists upstream's flags and pipeshard's.
+    let out = Command::new(SERVER).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("--ctx-size") && help.contains("--vram-budget"), "{help}");
+}
+
+#[test]
+fn the_load_hook_sees_the_model_and_a_bad_plan_fails_the_load() {
+    // A saved plan that keeps weights in VRAM cannot be applied without a
+    // GPU backend: the hook fails the load, and the server exits 1 with why.
+    let dir = common::scratch_dir("server-plan");
+    let plan = dir.join("plan.yaml");
+    let out = Command::new(env!("CARGO_BIN_EXE_pipeshard"))
+        .args([
+            "plan",
+            "-m",
+            &common::default_model_path().display().to_string(),
+            "--vram-budget",
+            "1GiB",
+            "--format",
+            "yaml",
+            "--profile",
+        ])
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/gpu-machine-profile.yaml"
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(&plan, &out.stdout).unwrap();
+    let m = common::default_model_path().display().to_string();
+    let (code, text) = fails(&["-m", &m, "--port", "0", "--plan", &plan.display().to_string()], &[]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("no GPU backend is loaded"), "{text}");
+
+    // A budget without a GPU: the hook plans nothing and says so; the
+    // server is upstream's.
+    let s = spawn(&["--vram-budget", "1GiB"], "budget-cpu");
     s.assert_up();
     let log = std::fs::read_to_string(&s.log).unwrap();
     assert!(
-        log.contains("--numa is not implemented by pipeshard-server and is ignored"),
+        log.contains("no GPU backend is loaded, so everything runs on the CPU"),
         "{log}"
-    );
-
-    // Flags that would change results are refused before anything loads.
-    let out = Command::new(SERVER)
-        .args(["-m", "x.gguf", "--lora", "a.gguf"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("--lora is not supported"),
-        "{out:?}"
-    );
-    let out = Command::new(SERVER).args(["--definitely-not-a-flag"]).output().unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("invalid argument"),
-        "{out:?}"
     );
 }

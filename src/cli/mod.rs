@@ -46,7 +46,7 @@ enum Command {
     Synth(synth::SynthArgs),
     /// Benchmark pipeshard's plan against upstream placement policies.
     Bench(bench::BenchArgs),
-    /// Serve the llama-server HTTP and OpenAI APIs (takes llama-server's flags).
+    /// llama.cpp's own server (llama-server's flags), with pipeshard's plan installed at load.
     Serve(serve::ServeArgs),
     /// Fuzz the model-file path: mutated GGUFs through the full load, crashes and hangs kept.
     #[command(name = "fuzz-gguf")]
@@ -83,7 +83,16 @@ fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
 
 /// Parse the command line, run it, and map errors to exit code 1.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse_from(normalize_args(std::env::args()));
+    let args: Vec<String> = std::env::args().collect();
+    // `serve` hands its arguments to llama-server as they are.
+    let cli = if args.get(1).map(String::as_str) == Some("serve") {
+        Cli::parse_from(args)
+    } else {
+        Cli::parse_from(normalize_args(args.into_iter()))
+    };
+    if let Command::Serve(args) = cli.command {
+        return serve::run(&cli.global, args);
+    }
     pipeshard::logging::init(cli.global.verbose);
     let result = match cli.command {
         Command::Run(args) => run::run(&cli.global, args),
@@ -91,7 +100,7 @@ pub fn main() -> ExitCode {
         Command::Profile(args) => plan::profile_cmd(&cli.global, args),
         Command::Synth(args) => synth::synth_cmd(args),
         Command::Bench(args) => bench::bench_cmd(&cli.global, args),
-        Command::Serve(args) => serve::run(&cli.global, args),
+        Command::Serve(_) => unreachable!("serve returned above"),
         Command::Lossless(args) => lossless::lossless_cmd(&cli.global, args),
         Command::FuzzGguf(args) => fuzz::fuzz_cmd(&cli.global, args),
     };

@@ -83,12 +83,24 @@ fn candidate_dirs(explicit: Option<&Path>) -> Vec<PathBuf> {
 /// Initialise llama.cpp once: route its log through `tracing` and load the
 /// ggml backend modules. Later calls return the devices found the first time.
 pub fn init(backend_dir: Option<&Path>) -> Result<Vec<Device>> {
+    init_with(backend_dir, true)
+}
+
+/// [`init`] for a host that keeps llama.cpp's own log (llama.cpp's server,
+/// which prints it its own way): only the backend modules are loaded.
+pub fn init_keep_log(backend_dir: Option<&Path>) -> Result<Vec<Device>> {
+    init_with(backend_dir, false)
+}
+
+fn init_with(backend_dir: Option<&Path>, log_to_tracing_too: bool) -> Result<Vec<Device>> {
     let res = INIT.get_or_init(|| {
-        // SAFETY: the callback is a plain function that only reads the C string
-        // it is given; llama.cpp calls it from any thread.
-        unsafe {
-            ffi::llama_log_set(Some(log_to_tracing), std::ptr::null_mut());
-            ffi::ggml_log_set(Some(log_to_tracing), std::ptr::null_mut());
+        if log_to_tracing_too {
+            // SAFETY: the callback is a plain function that only reads the C
+            // string it is given; llama.cpp calls it from any thread.
+            unsafe {
+                ffi::llama_log_set(Some(log_to_tracing), std::ptr::null_mut());
+                ffi::ggml_log_set(Some(log_to_tracing), std::ptr::null_mut());
+            }
         }
         // The cards' memory before our CUDA context exists: the process
         // figure's fallback where NVML does not list this PID.

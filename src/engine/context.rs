@@ -108,6 +108,81 @@ impl std::fmt::Debug for ContextParams {
     }
 }
 
+/// Callbacks installed into a `llama_context_params`; they must live as
+/// long as the context.
+pub(crate) type ContextCallbacks = (Option<Box<OffloadPolicy>>, Option<Box<MoeSplitPolicy>>);
+
+impl ContextParams {
+    /// Write these parameters into llama.cpp's `cp`. The returned callbacks
+    /// are pointed to by `cp` and must outlive the context made from it.
+    pub(crate) fn write_c(&self, cp: &mut ffi::llama_context_params) -> ContextCallbacks {
+        cp.n_ctx = self.n_ctx;
+        cp.n_batch = self.n_batch;
+        cp.n_ubatch = self.n_ubatch.min(self.n_batch);
+        cp.n_seq_max = self.n_seq_max;
+        let threads = self.n_threads.unwrap_or_else(default_threads);
+        cp.n_threads = threads;
+        cp.n_threads_batch = self.n_threads_batch.unwrap_or(threads);
+        cp.flash_attn_type = match self.flash_attention {
+            FlashAttention::Auto => ffi::LLAMA_FLASH_ATTN_TYPE_AUTO,
+            FlashAttention::On => ffi::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            FlashAttention::Off => ffi::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        };
+        cp.embeddings = self.embeddings;
+        cp.offload_kqv = self.offload_kqv;
+        cp.op_offload = self.op_offload;
+        cp.kv_unified = self.kv_unified;
+        if let Some(t) = self.type_k {
+            cp.type_k = t;
+        }
+        if let Some(t) = self.type_v {
+            cp.type_v = t;
+        }
+        cp.n_stream_slots = self.stream_slots.min(i32::MAX as u32) as i32;
+        cp.n_stream_routed_max = self.stream_routed_max.min(i32::MAX as u32) as i32;
+        cp.n_outputs_max = self.n_outputs_max;
+        let offload = self.offload.clone().map(Box::new);
+        if let Some(pol) = &offload {
+            cp.offload_cb = Some(offload_trampoline);
+            cp.offload_cb_user_data = &**pol as *const OffloadPolicy as *mut std::ffi::c_void;
+        }
+        let moe_split = self.moe_split.clone().map(Box::new);
+        if let Some(pol) = &moe_split {
+            cp.moe_split_cb = Some(moe_split_trampoline);
+            cp.moe_split_cb_user_data = &**pol as *const MoeSplitPolicy as *mut std::ffi::c_void;
+        }
+        (offload, moe_split)
+    }
+
+    /// The parameters `cp` holds, as far as these fields describe them.
+    pub(crate) fn from_c(cp: &ffi::llama_context_params) -> ContextParams {
+        ContextParams {
+            n_ctx: cp.n_ctx,
+            n_batch: cp.n_batch,
+            n_ubatch: cp.n_ubatch,
+            n_seq_max: cp.n_seq_max,
+            n_threads: Some(cp.n_threads),
+            n_threads_batch: Some(cp.n_threads_batch),
+            flash_attention: match cp.flash_attn_type {
+                ffi::LLAMA_FLASH_ATTN_TYPE_ENABLED => FlashAttention::On,
+                ffi::LLAMA_FLASH_ATTN_TYPE_DISABLED => FlashAttention::Off,
+                _ => FlashAttention::Auto,
+            },
+            embeddings: cp.embeddings,
+            offload_kqv: cp.offload_kqv,
+            op_offload: cp.op_offload,
+            type_k: Some(cp.type_k),
+            type_v: Some(cp.type_v),
+            kv_unified: cp.kv_unified,
+            offload: None,
+            stream_slots: cp.n_stream_slots.max(0) as u32,
+            stream_routed_max: cp.n_stream_routed_max.max(0) as u32,
+            moe_split: None,
+            n_outputs_max: cp.n_outputs_max,
+        }
+    }
+}
+
 /// Physical cores, as a sensible default thread count.
 pub fn default_threads() -> i32 {
     std::thread::available_parallelism()
@@ -150,42 +225,8 @@ impl<'m> Context<'m> {
         }
         // SAFETY: default params are plain data.
         let mut cp = unsafe { ffi::llama_context_default_params() };
-        cp.n_ctx = params.n_ctx;
-        cp.n_batch = params.n_batch;
-        cp.n_ubatch = params.n_ubatch.min(params.n_batch);
-        cp.n_seq_max = params.n_seq_max;
-        let threads = params.n_threads.unwrap_or_else(default_threads);
-        cp.n_threads = threads;
-        cp.n_threads_batch = params.n_threads_batch.unwrap_or(threads);
-        cp.flash_attn_type = match params.flash_attention {
-            FlashAttention::Auto => ffi::LLAMA_FLASH_ATTN_TYPE_AUTO,
-            FlashAttention::On => ffi::LLAMA_FLASH_ATTN_TYPE_ENABLED,
-            FlashAttention::Off => ffi::LLAMA_FLASH_ATTN_TYPE_DISABLED,
-        };
-        cp.embeddings = params.embeddings;
-        cp.offload_kqv = params.offload_kqv;
-        cp.op_offload = params.op_offload;
-        cp.kv_unified = params.kv_unified;
-        if let Some(t) = params.type_k {
-            cp.type_k = t;
-        }
-        if let Some(t) = params.type_v {
-            cp.type_v = t;
-        }
+        let (offload, moe_split) = params.write_c(&mut cp);
         cp.no_perf = false;
-        cp.n_stream_slots = params.stream_slots.min(i32::MAX as u32) as i32;
-        cp.n_stream_routed_max = params.stream_routed_max.min(i32::MAX as u32) as i32;
-        cp.n_outputs_max = params.n_outputs_max;
-        let offload = params.offload.clone().map(Box::new);
-        if let Some(pol) = &offload {
-            cp.offload_cb = Some(offload_trampoline);
-            cp.offload_cb_user_data = &**pol as *const OffloadPolicy as *mut std::ffi::c_void;
-        }
-        let moe_split = params.moe_split.clone().map(Box::new);
-        if let Some(pol) = &moe_split {
-            cp.moe_split_cb = Some(moe_split_trampoline);
-            cp.moe_split_cb_user_data = &**pol as *const MoeSplitPolicy as *mut std::ffi::c_void;
-        }
         // SAFETY: model is valid for 'm, which the context cannot outlive.
         let raw = unsafe { ffi::llama_init_from_model(model.as_ptr(), cp) };
         let ptr = NonNull::new(raw).ok_or(EngineError::ContextCreate {

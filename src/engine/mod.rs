@@ -24,10 +24,12 @@ pub mod opbench;
 mod output_embeddings;
 mod placement;
 mod sampler;
+mod server;
 mod vision;
 
 pub use backend::{
-    device_free_bytes, first_device, has_gpu, init, list_devices, process_bytes_at_init, Device, DeviceKind,
+    device_free_bytes, first_device, has_gpu, init, init_keep_log, list_devices, process_bytes_at_init, Device,
+    DeviceKind,
 };
 pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAttention};
 pub use error::{EngineError, Result};
@@ -38,6 +40,10 @@ pub use placement::{
     stream_schedule, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery, OpKind, StreamStep, TensorPlacement,
 };
 pub use sampler::{Sampler, SamplingParams};
+pub use server::{
+    run_llama_server, set_load_hook, set_media_release_compute, set_projector_hook, set_server_reports, LoadDecision,
+    LoadHook, LoadRequest, LoadRole, ProjectorHook, ProjectorParams, ReportText,
+};
 pub use vision::{
     encoder_peak, media_marker, Bitmap, EncodeGate, EncoderPeak, PeakImage, VisionEval, VisionOptions, VisionProjector,
 };

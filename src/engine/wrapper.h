@@ -7,3 +7,8 @@
 #include "gguf.h"
 #include "mtmd.h"
 #include "mtmd-helper.h"
+#include "load-hook.h"
+#include "server-ext.h"
+
+// src/engine/server_shim.cpp: upstream's llama_server(argc, argv).
+int pipeshard_llama_server(int argc, char ** argv);

@@ -15,7 +15,7 @@ pub struct PipeshardOptions {
     /// Hard VRAM budget for the whole process as nvidia-smi shows it, e.g.
     /// 4GiB or 2048MiB; `auto` takes what is free on the card now, minus
     /// a margin. `bench` takes a comma-separated list.
-    #[arg(long = "vram-budget", env = "PIPESHARD_VRAM_BUDGET")]
+    #[arg(long = "vram-budget", env = "PIPESHARD_VRAM_BUDGET", value_parser = check_budgets)]
     pub vram_budget: Option<String>,
     /// Machine profile (YAML); default: the one in profiles/ matching this machine, measured on first use.
     #[arg(long = "profile", env = "PIPESHARD_PROFILE")]
@@ -53,6 +53,16 @@ impl Default for PipeshardOptions {
             vision_stream_slots: engine::VisionOptions::BUDGETED_STREAM_SLOTS,
         }
     }
+}
+
+/// `--vram-budget` as given, once every budget in it parses.
+fn check_budgets(s: &str) -> Result<String, String> {
+    for one in s.split(',') {
+        if BudgetSpec::parse(one).map_err(|e| e.to_string())? == BudgetSpec::Bytes(0) {
+            return Err("a budget of 0 bytes leaves nothing for the model".into());
+        }
+    }
+    Ok(s.to_string())
 }
 
 /// What `--vram-budget` asks for.

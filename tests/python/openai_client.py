@@ -1,7 +1,7 @@
 """Drive pipeshard-server with the real OpenAI Python client.
 
 usage: openai_client.py BASE_URL MODE [API_KEY]
-MODE: chat | stream | embeddings | json_schema
+MODE: chat | stream | embeddings | json_schema | tools | unauthorized
 Prints one JSON object with what it saw; exits non-zero (with a message)
 when the server's answer is not what the client expects.
 """
@@ -90,6 +90,68 @@ def main() -> int:
         assert set(obj) == {"name", "age", "ok"}, obj
         assert isinstance(obj["name"], str) and isinstance(obj["age"], int) and isinstance(obj["ok"], bool), obj
         out.update(json=obj)
+    elif mode == "tools":
+        tools = [{
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "maxLength": 20}},
+                    "required": ["city"],
+                },
+            },
+        }]
+        # A tiny model calls tools the way the conversation shows it (the
+        # server runs a tool-call template: --chat-template-file).
+        ask = []
+        for i, city in enumerate(["London", "Rome", "Berlin"]):
+            ask += [
+                {"role": "user", "content": f"What is the weather in {city}?"},
+                {"role": "assistant", "content": None, "tool_calls": [{
+                    "id": f"call_{i}", "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+                }]},
+                {"role": "tool", "tool_call_id": f"call_{i}", "content": "sunny"},
+                {"role": "assistant", "content": f"It is sunny in {city}."},
+            ]
+        ask.append({"role": "user", "content": "What is the weather in Paris?"})
+        r = client.chat.completions.create(
+            model="any", messages=ask, tools=tools, tool_choice="required", max_tokens=64, temperature=0
+        )
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", c
+        call = c.message.tool_calls[0]
+        assert call.type == "function" and call.function.name == "get_weather", call
+        args = json.loads(call.function.arguments)
+        assert isinstance(args["city"], str), args
+        # The tool's answer goes back in the conversation.
+        follow = client.chat.completions.create(
+            model="any",
+            messages=ask + [
+                {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+            ],
+            tools=tools,
+            max_tokens=16,
+            temperature=0,
+        )
+        assert follow.choices[0].message.role == "assistant", follow
+        # Streamed, the call arrives in deltas that add up to the same call.
+        stream = client.chat.completions.create(
+            model="any", messages=ask, tools=tools, tool_choice="required", max_tokens=64, temperature=0, stream=True
+        )
+        name, arguments, finish = "", "", None
+        for chunk in stream:
+            for ch in chunk.choices:
+                for tc in ch.delta.tool_calls or []:
+                    name += tc.function.name or ""
+                    arguments += tc.function.arguments or ""
+                finish = ch.finish_reason or finish
+        assert name == "get_weather" and json.loads(arguments) == args, (name, arguments)
+        assert finish == "tool_calls", finish
+        out.update(tool=call.function.name, arguments=args)
     elif mode == "unauthorized":
         try:
             client.chat.completions.create(model="any", messages=msgs, max_tokens=2)

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# pipeshard-server (llama.cpp's own server with pipeshard's plan) on the GPU
+# machine, against the issue's targets: R2 (qwen3-30b-a3b shapes, Q4_0) at
+# 4 GiB, one client and 4 concurrent clients (reference case: 4096-token
+# prompt, 64 generated, context 4352 per client, F16 KV, flash attention,
+# 16 threads), and the VL preset with a 1080p image at 4 GiB. Prints each
+# client's timings, the server's /metrics gauges and the process's peak
+# device memory as nvidia-smi reports it.
+#
+# Run from the repository root with dist/ from scripts/device/pack.sh:
+#   bash scripts/device/server-bench.sh all        (or: r2, vl)
+# Everything lands in $PIPESHARD_WORK/results (default /root/w/results).
+set -euo pipefail
+W=${PIPESHARD_WORK:-/root/w}
+RES=$W/results
+mkdir -p "$W" "$RES"
+P=dist/pipeshard
+S=dist/pipeshard-server
+PORT=18080
+
+prepare() {
+    [[ -f dist/lib/libggml-cuda.so ]] || ( time bash dist/build-cuda.sh dist 90 ) > "$RES/build-cuda.log" 2>&1 || { tail -30 "$RES/build-cuda.log"; exit 1; }
+    [[ -f $RES/profile.yaml ]] || $P profile --mode fast -t 16 -o "$RES/profile.yaml"
+    [[ -f $W/r2.gguf ]] || $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf"
+}
+
+# serve NAME ARGS...: start the server, wait until it is healthy, sample the
+# process's device memory every 100 ms into $RES/NAME.smi.
+serve() {
+    local name=$1; shift
+    $S --host 127.0.0.1 --port $PORT --metrics -t 16 -fa on -ctk f16 -ctv f16 --profile "$RES/profile.yaml" "$@" \
+        > "$RES/$name.log" 2>&1 &
+    SPID=$!
+    ( while kill -0 $SPID 2>/dev/null; do
+          nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -v p=$SPID '$1+0==p {print $2}'
+          sleep 0.1
+      done > "$RES/$name.smi" ) &
+    for _ in $(seq 600); do
+        curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && return 0
+        kill -0 $SPID 2>/dev/null || { tail -30 "$RES/$name.log"; return 1; }
+        sleep 0.5
+    done
+    echo "$name: not healthy after 300 s"; tail -30 "$RES/$name.log"; return 1
+}
+
+stop() { # NAME
+    curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^(pipeshard_|llamacpp:(prompt_tokens_total|tokens_predicted_total))' | tee "$RES/$1.metrics"
+    curl -s "http://127.0.0.1:$PORT/props" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin).get("pipeshard")))' > "$RES/$1.props.json"
+    kill $SPID; wait $SPID 2>/dev/null || true
+    echo "$1: peak process device memory (nvidia-smi) $(sort -n "$RES/$1.smi" | tail -1) MiB of the 4096 MiB budget"
+}
+
+# clients N: N concurrent /completion requests of the reference case.
+clients() {
+    python3 - "$PORT" "$1" <<'PY'
+import json, sys, threading, time, urllib.request
+port, n = int(sys.argv[1]), int(sys.argv[2])
+out = [None] * n
+def one(i):
+    # 4096 prompt tokens (token ids: the synthetic vocabulary has no words), different per client
+    prompt = [1000 + (i * 7919 + k * 104729) % 20000 for k in range(4096)]
+    body = {"prompt": prompt, "n_predict": 64, "ignore_eos": True, "temperature": 0, "cache_prompt": False}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    t0 = time.time()
+    j = json.loads(urllib.request.urlopen(req, timeout=600).read())
+    out[i] = dict(wall_s=round(time.time() - t0, 2), **{k: j["timings"][k] for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second")})
+ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+[t.start() for t in ts]; [t.join() for t in ts]
+for o in out:
+    print(json.dumps(o))
+total = sum(o["predicted_n"] for o in out) / (max(o["predicted_ms"] for o in out) / 1e3)
+print(json.dumps({"clients": n, "decode_tok_s_total": round(total, 1), "decode_tok_s_each": [round(o["predicted_per_second"], 1) for o in out]}))
+PY
+}
+
+r2() {
+    prepare
+    serve r2-1 -m "$W/r2.gguf" --vram-budget 4GiB -c 4352 -np 1
+    clients 1 | tee "$RES/r2-1.clients"       # warm-up and target: >= 48 tok/s
+    clients 1 | tee -a "$RES/r2-1.clients"
+    stop r2-1
+    serve r2-4 -m "$W/r2.gguf" --vram-budget 4GiB -c 17408 -np 4 --kv-unified
+    clients 4 | tee "$RES/r2-4.clients"       # target: >= 95 tok/s in total
+    clients 4 | tee -a "$RES/r2-4.clients"
+    stop r2-4
+}
+
+vl() {
+    prepare
+    [[ -f $W/vl.gguf ]] || $P synth --arch qwen2.5-vl-7b --quant q4_0 -o "$W/vl.gguf" --mmproj-out "$W/vl-mmproj.gguf"
+    [[ -f $W/1080p.png ]] || bash scripts/device/gpu-session.sh mkimages
+    serve vl-4g -m "$W/vl.gguf" -mm "$W/vl-mmproj.gguf" --vram-budget 4GiB -c 8192 -np 1
+    python3 - "$PORT" "$W/1080p.png" <<'PY' | tee "$RES/vl-4g.clients"   # target: >= 25 tok/s decode
+import base64, json, sys, urllib.request
+port, png = int(sys.argv[1]), sys.argv[2]
+img = base64.b64encode(open(png, "rb").read()).decode()
+for run in range(2):
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{img}"}},
+        {"type": "text", "text": "Describe this image in detail."}]}],
+        "max_tokens": 64, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    t = json.loads(urllib.request.urlopen(req, timeout=600).read())["timings"]
+    print(json.dumps({"run": run, **{k: t[k] for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_per_second")}}))
+PY
+    stop vl-4g
+}
+
+all() { r2; vl; }
+
+"$@"

@@ -1,0 +1,286 @@
+//! llama.cpp's own server (`tools/server`) run in this process, and the load
+//! hook (patch 0007) through which pipeshard sees, and may set, the exact
+//! parameters upstream loads each model with.
+
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use super::context::ContextParams;
+use super::ffi;
+use super::model::ModelParams;
+use super::placement::tensor_buft_trampoline;
+
+/// What a model is loaded for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadRole {
+    /// The main model.
+    Target,
+    /// The draft model of speculative decoding (`-md`).
+    Draft,
+}
+
+/// A model upstream is about to load.
+#[derive(Debug, Clone)]
+pub struct LoadRequest {
+    pub role: LoadRole,
+    pub model: PathBuf,
+    /// For the target: the draft model loaded after it (`-md`).
+    pub draft: Option<PathBuf>,
+    /// For the target: the multimodal projector loaded after it (`-mm`).
+    pub mmproj: Option<PathBuf>,
+}
+
+/// What the hook did with a load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadDecision {
+    /// Nothing: upstream loads as it would without pipeshard (and `--fit`
+    /// runs if it is on).
+    Upstream,
+    /// The hook placed the model; its changes to the parameters are
+    /// installed, and upstream's `--fit` does not move anything.
+    Placed,
+}
+
+/// Called with each model load's parameters as upstream resolved them.
+///
+/// Of the model parameters, `n_gpu_layers`, `use_mmap` and `placement` are
+/// installed (upstream's own `-ot` overrides stay as given; `placement` is
+/// asked first). Every context parameter is installed, with its callbacks.
+/// An error fails the load, and upstream exits with its own message after
+/// the hook's.
+pub type LoadHook = Box<
+    dyn Fn(&LoadRequest, &mut ModelParams<'static>, &mut ContextParams) -> Result<LoadDecision, String> + Send + Sync,
+>;
+
+static HOOK: OnceLock<LoadHook> = OnceLock::new();
+
+/// Install `hook` for every model load of llama.cpp's `common` in this
+/// process (the server's target and draft models). Only the first call
+/// installs anything; later calls return false.
+pub fn set_load_hook(hook: LoadHook) -> bool {
+    if HOOK.set(hook).is_err() {
+        return false;
+    }
+    // SAFETY: the trampoline is a plain function; it only reads HOOK,
+    // which lives for the rest of the process.
+    unsafe { ffi::common_set_load_hook(Some(load_hook_trampoline), std::ptr::null_mut()) };
+    true
+}
+
+fn path_of(p: *const c_char) -> Option<PathBuf> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: common passes NUL-terminated paths that outlive the call.
+    let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    (!s.is_empty()).then(|| PathBuf::from(s))
+}
+
+impl ModelParams<'static> {
+    /// The parameters `mp` holds, as far as these fields describe them.
+    fn from_c(mp: &ffi::llama_model_params) -> ModelParams<'static> {
+        ModelParams {
+            n_gpu_layers: mp.n_gpu_layers,
+            use_mmap: matches!(
+                mp.load_mode,
+                ffi::LLAMA_LOAD_MODE_MMAP | ffi::LLAMA_LOAD_MODE_MMAP_MLOCK
+            ),
+            vocab_only: mp.vocab_only,
+            no_alloc: mp.no_alloc,
+            repack: mp.use_extra_bufts,
+            ..Default::default()
+        }
+    }
+
+    /// Install what the hook may set; the placement callback is leaked, as
+    /// a model may be loaded again (the server's sleep and resume) at any time.
+    fn write_c_placed(self, mp: &mut ffi::llama_model_params) {
+        mp.n_gpu_layers = self.n_gpu_layers;
+        if !self.use_mmap && matches!(mp.load_mode, ffi::LLAMA_LOAD_MODE_MMAP | ffi::LLAMA_LOAD_MODE_AUTO) {
+            mp.load_mode = ffi::LLAMA_LOAD_MODE_NONE;
+        }
+        if let Some(placement) = self.placement {
+            let placement: &'static _ = Box::leak(Box::new(placement));
+            mp.tensor_buft_cb = Some(tensor_buft_trampoline);
+            mp.tensor_buft_cb_user_data = placement as *const _ as *mut c_void;
+        }
+    }
+}
+
+unsafe extern "C" fn load_hook_trampoline(
+    info: *const ffi::common_load_info,
+    mp: *mut ffi::llama_model_params,
+    cp: *mut ffi::llama_context_params,
+    _user: *mut c_void,
+) -> ffi::common_load_hook_result {
+    let (Some(hook), false, false, false) = (HOOK.get(), info.is_null(), mp.is_null(), cp.is_null()) else {
+        return ffi::COMMON_LOAD_HOOK_DEFAULT;
+    };
+    // SAFETY: common passes valid pointers for the duration of the call.
+    let (info, mp, cp) = (&*info, &mut *mp, &mut *cp);
+    let Some(model) = path_of(info.path_model) else {
+        return ffi::COMMON_LOAD_HOOK_DEFAULT;
+    };
+    let req = LoadRequest {
+        role: if info.role == ffi::COMMON_LOAD_ROLE_DRAFT {
+            LoadRole::Draft
+        } else {
+            LoadRole::Target
+        },
+        model,
+        draft: path_of(info.path_draft),
+        mmproj: path_of(info.path_mmproj),
+    };
+    let mut model_params = ModelParams::from_c(mp);
+    let mut context = ContextParams::from_c(cp);
+    let decided = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        hook(&req, &mut model_params, &mut context)
+    }));
+    match decided {
+        Ok(Ok(LoadDecision::Upstream)) => ffi::COMMON_LOAD_HOOK_DEFAULT,
+        Ok(Ok(LoadDecision::Placed)) => {
+            model_params.write_c_placed(mp);
+            // The context's callbacks live as long as the process: upstream
+            // owns the context and may free and recreate it.
+            let callbacks = context.write_c(cp);
+            std::mem::forget(callbacks);
+            ffi::COMMON_LOAD_HOOK_APPLIED
+        }
+        Ok(Err(message)) => {
+            tracing::error!("{}: {message}", req.model.display());
+            ffi::COMMON_LOAD_HOOK_ERROR
+        }
+        Err(_) => {
+            tracing::error!("{}: the load hook panicked", req.model.display());
+            ffi::COMMON_LOAD_HOOK_ERROR
+        }
+    }
+}
+
+/// Run llama.cpp's server (`llama_server(argc, argv)` from
+/// `tools/server`) with `args` (without the program name, which is
+/// `program`), in this thread, until it exits; returns its exit code.
+pub fn run_llama_server(program: &str, args: &[String]) -> i32 {
+    let owned: Vec<CString> = std::iter::once(program)
+        .chain(args.iter().map(String::as_str))
+        // An argument with a NUL byte cannot come from a command line;
+        // upstream's parser sees it cut there, as a C program would.
+        .map(|a| CString::new(a.split('\0').next().unwrap_or_default()).unwrap_or_default())
+        .collect();
+    let mut argv: Vec<*mut c_char> = owned.iter().map(|a| a.as_ptr() as *mut c_char).collect();
+    argv.push(std::ptr::null_mut());
+    // SAFETY: argv holds argc NUL-terminated strings and a final NULL, as
+    // main() gets them; `owned` outlives the call. Upstream's parser only
+    // reads them.
+    unsafe { ffi::pipeshard_llama_server((argv.len() - 1) as i32, argv.as_mut_ptr()) }
+}
+
+/// The multimodal projector's parameters the server will load it with, as
+/// far as pipeshard sets them (patch 0004's fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProjectorParams {
+    /// Upstream's `--mmproj-offload` (on by default).
+    pub use_gpu: bool,
+    /// Keep the encoder's weights in pinned host memory and stream them.
+    pub weights_on_host: bool,
+    /// Device slots for the streamed weights.
+    pub stream_slots: u32,
+}
+
+/// Called with the projector's path and parameters right before the server
+/// measures and loads it (patch 0008); changes are installed.
+pub type ProjectorHook = Box<dyn Fn(&std::path::Path, &mut ProjectorParams) + Send + Sync>;
+
+/// Text for the server's reports: `/props`' field and `/metrics`' lines.
+pub type ReportText = Box<dyn Fn() -> String + Send + Sync>;
+
+static PROJECTOR_HOOK: OnceLock<ProjectorHook> = OnceLock::new();
+static PROPS: OnceLock<(CString, ReportText)> = OnceLock::new();
+static METRICS: OnceLock<ReportText> = OnceLock::new();
+
+unsafe extern "C" fn projector_trampoline(path: *const c_char, params: *mut ffi::mtmd_context_params, _: *mut c_void) {
+    let (Some(hook), Some(path), false) = (PROJECTOR_HOOK.get(), path_of(path), params.is_null()) else {
+        return;
+    };
+    // SAFETY: the server passes its parameters for the duration of the call.
+    let params = &mut *params;
+    let mut p = ProjectorParams {
+        use_gpu: params.use_gpu,
+        weights_on_host: params.weights_on_host,
+        stream_slots: params.n_stream_slots.max(0) as u32,
+    };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&path, &mut p))).is_ok() {
+        params.use_gpu = p.use_gpu;
+        params.weights_on_host = p.weights_on_host;
+        params.n_stream_slots = p.stream_slots.min(i32::MAX as u32) as i32;
+    }
+}
+
+/// Install `hook` for the server's multimodal projector (`-mm`). Only the
+/// first call installs anything; later calls return false.
+pub fn set_projector_hook(hook: ProjectorHook) -> bool {
+    if PROJECTOR_HOOK.set(hook).is_err() {
+        return false;
+    }
+    // SAFETY: the trampoline only reads PROJECTOR_HOOK, which lives for the
+    // rest of the process.
+    unsafe { ffi::llama_server_set_mtmd_params_cb(Some(projector_trampoline), std::ptr::null_mut()) };
+    true
+}
+
+/// Whether the server frees the language model's compute buffers before it
+/// encodes media, and the encoder's after (patch 0008 with patch 0004), so
+/// their device memory peaks never coexist.
+pub fn set_media_release_compute(on: bool) {
+    // SAFETY: sets a flag the server reads on its own thread.
+    unsafe { ffi::llama_server_set_media_release_compute(on) };
+}
+
+/// snprintf-style copy of `text` into `buf` of `size` bytes.
+unsafe fn write_text(text: &str, buf: *mut c_char, size: usize) -> usize {
+    let bytes = text.as_bytes();
+    if !buf.is_null() && size > 0 {
+        let n = bytes.len().min(size - 1);
+        // SAFETY: the server's buffer holds `size` bytes.
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, n);
+        *buf.add(n) = 0;
+    }
+    bytes.len()
+}
+
+unsafe extern "C" fn props_trampoline(buf: *mut c_char, size: usize, _: *mut c_void) -> usize {
+    let text = PROPS
+        .get()
+        .and_then(|(_, f)| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok())
+        .unwrap_or_else(|| "null".into());
+    write_text(&text, buf, size)
+}
+
+unsafe extern "C" fn metrics_trampoline(buf: *mut c_char, size: usize, _: *mut c_void) -> usize {
+    let text = METRICS
+        .get()
+        .and_then(|f| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok())
+        .unwrap_or_default();
+    write_text(&text, buf, size)
+}
+
+/// Add the field `key` to the server's `GET /props`, its value the JSON
+/// text `props` returns, and `metrics`' Prometheus text to `GET /metrics`
+/// (patch 0008). Only the first call installs anything.
+pub fn set_server_reports(key: &str, props: ReportText, metrics: ReportText) -> bool {
+    let Ok(key) = CString::new(key) else {
+        return false;
+    };
+    if PROPS.set((key, props)).is_err() || METRICS.set(metrics).is_err() {
+        return false;
+    }
+    let key = &PROPS.get().expect("set above").0;
+    // SAFETY: the trampolines only read PROPS and METRICS, and the key
+    // outlives the server; both live for the rest of the process.
+    unsafe {
+        ffi::llama_server_set_props_cb(key.as_ptr(), Some(props_trampoline), std::ptr::null_mut());
+        ffi::llama_server_set_metrics_cb(Some(metrics_trampoline), std::ptr::null_mut());
+    }
+    true
+}

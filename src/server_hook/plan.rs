@@ -1,0 +1,174 @@
+//! The plan for a model the server loads: made for exactly the parameters
+//! upstream resolved, and installed into them.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use super::options::ServerOptions;
+use super::ServeError;
+use crate::engine::{
+    self, ContextParams, LoadDecision, LoadRequest, LoadRole, ModelParams, OffloadQuery, PeakImage, ProjectorParams,
+    VisionOptions,
+};
+use crate::launch;
+use crate::plan::{self, Plan, Workload};
+
+/// What the server's plan decided, for later loads (the draft) and for
+/// reports (/props, /metrics).
+#[derive(Debug, Clone)]
+pub struct Installed {
+    pub plan: Plan,
+    /// The budget it was made for, bytes (None for a saved plan).
+    pub budget: Option<u64>,
+    /// Whether it came from `--plan`.
+    pub from_file: bool,
+    /// The plan's place for the draft model: Some(true) on the GPU.
+    pub draft_on_gpu: Option<bool>,
+}
+
+static INSTALLED: Mutex<Option<Installed>> = Mutex::new(None);
+
+/// The plan installed at the last target-model load, if any.
+pub fn installed() -> Option<Installed> {
+    INSTALLED.lock().ok().and_then(|g| g.clone())
+}
+
+/// The load hook: plan the target model for upstream's parameters (and its
+/// draft), and place the draft where that plan put it.
+pub fn on_load(
+    opts: &ServerOptions,
+    req: &LoadRequest,
+    mp: &mut ModelParams<'static>,
+    cp: &mut ContextParams,
+) -> Result<LoadDecision, ServeError> {
+    match req.role {
+        LoadRole::Target => {
+            let Some(installed) = plan_target(opts, req, mp, cp)? else {
+                return Ok(LoadDecision::Upstream);
+            };
+            *INSTALLED.lock().map_err(|_| ServeError::Poisoned)? = Some(installed);
+            Ok(LoadDecision::Placed)
+        }
+        LoadRole::Draft => match installed().and_then(|i| i.draft_on_gpu) {
+            Some(on_gpu) => {
+                mp.n_gpu_layers = if on_gpu { -1 } else { 0 };
+                tracing::info!(
+                    "draft {}: on the {}, as planned",
+                    req.model.display(),
+                    if on_gpu { "GPU" } else { "CPU" }
+                );
+                Ok(LoadDecision::Placed)
+            }
+            None => Ok(LoadDecision::Upstream),
+        },
+    }
+}
+
+/// The one place the server turns options and upstream's parameters into
+/// an installed plan (`None`: no budget and no plan, upstream placement):
+/// the launch path every command takes, for the context upstream will
+/// create (its length, sequences, ubatch, KV types, flash attention).
+fn plan_target(
+    opts: &ServerOptions,
+    req: &LoadRequest,
+    mp: &mut ModelParams<'static>,
+    cp: &mut ContextParams,
+) -> Result<Option<Installed>, ServeError> {
+    if !opts.plans() {
+        return Ok(None);
+    }
+    let plan_err = |model: &Path| {
+        let model = model.to_path_buf();
+        move |source| ServeError::Plan { model, source }
+    };
+    let threads = cp.n_threads.unwrap_or_else(engine::default_threads);
+    let mut launch_req = launch::LaunchRequest::new(&req.model, &opts.pipeshard, threads, Workload::default())
+        .map_err(plan_err(&req.model))?;
+    // The vision encoder's peak, measured for the largest image it takes,
+    // when the projector runs pipeshard's way (see `on_projector`).
+    if let (Some(mmproj), Some(mut v), Some(_)) = (
+        &req.mmproj,
+        *VISION.lock().map_err(|_| ServeError::Poisoned)?,
+        launch_req.budget,
+    ) {
+        v.threads = threads;
+        launch_req.vision = launch::vision_setup(&req.model, Some(mmproj), v, true, &PeakImage::Largest)
+            .map_err(plan_err(mmproj))?
+            .unwrap_or_default();
+    }
+    launch_req.draft = req.draft.clone().map(|path| launch::DraftSource {
+        path,
+        on_gpu: None,
+        draft_tokens: DRAFT_N_MAX,
+        acceptance: opts.draft_acceptance,
+    });
+    let Some(launched) = launch::plan_for(&launch_req, cp, |_, _| {}).map_err(plan_err(&req.model))? else {
+        return Ok(None);
+    };
+    let upstream_outputs = cp.n_outputs_max;
+    launched.install(mp, cp).map_err(plan_err(&req.model))?;
+    // Upstream sizes its outputs for what it samples (speculative checks);
+    // never fewer than that.
+    if upstream_outputs != 0 {
+        cp.n_outputs_max = cp.n_outputs_max.max(upstream_outputs);
+    }
+    let plan = launched.plan;
+    tracing::info!(
+        "pipeshard plan for {}: ubatch {}, {} of weights resident, VRAM {} of {} ({} outside llama.cpp's buffers), {} stream slots, predicted {:.1} tok/s",
+        req.model.display(),
+        plan.ubatch,
+        plan::fmt_bytes(plan.resident_bytes()),
+        plan::fmt_bytes(plan.vram.total),
+        plan::fmt_bytes(plan.vram.budget),
+        plan::fmt_bytes(plan.vram.reserve),
+        plan.stream_slots,
+        plan.predicted.decode_tok_s,
+    );
+    // The offload policy sees every ubatch the scheduler places: its size
+    // is the plan tier /metrics reports.
+    if let Some(inner) = cp.offload.take() {
+        cp.offload = Some(Arc::new(move |q: &OffloadQuery<'_>| {
+            super::report::note_ubatch(q.n_tokens);
+            inner(q)
+        }));
+    }
+    super::report::start_peak_sampler();
+    let draft_on_gpu = plan.workload.speculation.map(|s| s.draft_on_gpu);
+    let from_file = opts.pipeshard.plan.is_some();
+    Ok(Some(Installed {
+        budget: (!from_file).then_some(launched.budget),
+        plan,
+        from_file,
+        draft_on_gpu,
+    }))
+}
+
+/// How the vision encoder runs under the plan, once the projector hook set it.
+static VISION: Mutex<Option<VisionOptions>> = Mutex::new(None);
+
+/// The projector hook: with a plan and a GPU, the encoder's weights stay in
+/// pinned host memory and stream to the GPU, and the server keeps the
+/// encoder's compute memory and the language model's apart around every
+/// image (patches 0004 and 0008); the plan then budgets the larger of the
+/// two peaks, not their sum. Otherwise the encoder runs as upstream's.
+pub fn on_projector(opts: &ServerOptions, path: &Path, p: &mut ProjectorParams) {
+    if !opts.plans() || !p.use_gpu || !engine::has_gpu() {
+        return;
+    }
+    p.weights_on_host = true;
+    p.stream_slots = opts.pipeshard.vision_stream_slots;
+    engine::set_media_release_compute(true);
+    let mut v = VisionOptions::budgeted(engine::default_threads());
+    v.stream_slots = opts.pipeshard.vision_stream_slots;
+    if let Ok(mut g) = VISION.lock() {
+        *g = Some(v);
+    }
+    tracing::info!(
+        "vision encoder {}: weights in host memory, {} stream slots, compute released around each image",
+        path.display(),
+        p.stream_slots
+    );
+}
+
+/// Upstream's default `--spec-draft-n-max`.
+const DRAFT_N_MAX: u32 = 3;

@@ -1,0 +1,127 @@
+//! pipeshard's part of the server's reports: a `pipeshard` field in
+//! `GET /props` (the budget and the installed plan) and gauges in
+//! `GET /metrics` next to upstream's `llamacpp:*` metrics.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::plan::installed;
+use crate::engine;
+
+/// Tokens of the last ubatch the scheduler placed under the plan.
+static LAST_UBATCH_TOKENS: AtomicU64 = AtomicU64::new(0);
+/// The most device memory in use seen by the sampler, bytes.
+static PEAK_USED: AtomicU64 = AtomicU64::new(0);
+
+/// Note the size of a ubatch the plan's offload policy is asked about.
+pub(crate) fn note_ubatch(n_tokens: i64) {
+    LAST_UBATCH_TOKENS.store(n_tokens.max(0) as u64, Relaxed);
+}
+
+/// The process's device memory as NVML reports it (what nvidia-smi shows),
+/// bytes; without NVML, what the first GPU has in use (0 without one).
+fn gpu_used() -> u64 {
+    match engine::process_device_bytes() {
+        Some((b, _)) => b,
+        None => engine::first_device(engine::DeviceKind::Gpu).map_or(0, |d| d.total_bytes.saturating_sub(d.free_bytes)),
+    }
+}
+
+/// Sample the GPU's memory in use every 20 ms for the peak gauge, for the
+/// life of the process (only with a GPU).
+pub(crate) fn start_peak_sampler() {
+    if !engine::has_gpu() {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("pipeshard-vram-peak".into())
+        .spawn(|| loop {
+            PEAK_USED.fetch_max(gpu_used(), Relaxed);
+            std::thread::sleep(Duration::from_millis(20));
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("no VRAM peak sampler: {e}");
+    }
+}
+
+/// The `pipeshard` field of `/props`: the budget (`budget`, as the options
+/// give it, until a plan resolves it) and a summary of the plan (null
+/// without one, e.g. without a GPU).
+pub fn props_json(budget: Option<u64>) -> String {
+    let Some(i) = installed() else {
+        return json!({"vram_budget": budget, "plan": null}).to_string();
+    };
+    let p = &i.plan;
+    json!({
+        "vram_budget": i.budget,
+        "plan": {
+            "source": if i.from_file { "file" } else { "budget" },
+            "model": p.model,
+            "ubatch": p.ubatch,
+            "tiers": p.tiers,
+            "n_layer": p.n_layer,
+            "kv_gpu_layers": p.kv_gpu_layers,
+            "pinned": p.pinned,
+            "stream_slots": p.stream_slots,
+            "stream_routed_max": p.stream_routed_max,
+            "hybrid_gpu_experts": p.hybrid_gpu_experts,
+            "resident_bytes": p.resident_bytes(),
+            "vram": p.vram,
+            "predicted": p.predicted,
+            "draft_on_gpu": i.draft_on_gpu,
+        },
+    })
+    .to_string()
+}
+
+/// pipeshard's gauges in Prometheus text form; `budget` as in [`props_json`].
+pub fn metrics_text(budget: Option<u64>) -> String {
+    let i = installed();
+    let plan = i.as_ref().map(|i| &i.plan);
+    let per_tier = plan.map(|p| p.streamed_per_tier());
+    let last = LAST_UBATCH_TOKENS.load(Relaxed);
+    let (tier, streamed) = match (&per_tier, last) {
+        (Some(s), n) if n > 0 => s.batch(n.min(u32::MAX as u64) as u32),
+        _ => (0, 0),
+    };
+    let rows: [(&str, &str, u64); 6] = [
+        (
+            "pipeshard_vram_budget_bytes",
+            "VRAM budget in bytes (0: none).",
+            i.as_ref().map_or(budget, |i| i.budget).unwrap_or(0),
+        ),
+        (
+            "pipeshard_vram_used_bytes",
+            "The process's device memory as NVML reports it (what nvidia-smi shows; without NVML, the GPU's memory in use), bytes.",
+            gpu_used(),
+        ),
+        (
+            "pipeshard_vram_peak_bytes",
+            "Most device memory of the process (as pipeshard_vram_used_bytes) since the plan was installed, sampled every 20 ms, bytes.",
+            PEAK_USED.load(Relaxed),
+        ),
+        (
+            "pipeshard_plan_resident_bytes",
+            "Weight bytes the plan keeps in VRAM (0 without a plan).",
+            plan.map_or(0, |p| p.resident_bytes()),
+        ),
+        (
+            "pipeshard_plan_tier",
+            "Plan tier (ubatch tokens) of the last ubatch the scheduler placed; 0 without a plan.",
+            tier as u64,
+        ),
+        (
+            "pipeshard_plan_streamed_bytes_per_ubatch",
+            "Weight bytes the plan streams to the GPU for a ubatch of the last tier.",
+            streamed,
+        ),
+    ];
+    let mut out = String::new();
+    for (name, help, v) in rows {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+    }
+    out
+}
