@@ -923,5 +923,13 @@ z9() {
     zsweep 16384 2
 }
 
+# zserver: pipeshard-server (upstream's server, plan installed at load) on
+# R2 at 4 GiB with one and four clients, and the VL preset with a 1080p
+# image at 4 GiB (scripts/device/server-bench.sh).
+zserver() {
+    ZUPSTREAM=0 zprep
+    bash scripts/device/server-bench.sh all
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
