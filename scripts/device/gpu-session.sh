@@ -925,8 +925,18 @@ z9() {
 
 # zserver: pipeshard-server (upstream's server, plan installed at load) on
 # R2 at 4 GiB with one and four clients, and the VL preset with a 1080p
-# image at 4 GiB (scripts/device/server-bench.sh).
+# image at 4 GiB (scripts/device/server-bench.sh). The modules and the
+# binaries together are over one call's upload, so `zunstash` (carrying
+# .stash) puts the modules in /root/cudalib first, and `zserver` (carrying
+# dist/, on the same warm machine) takes them from there.
+zunstash() {
+    mkdir -p /root/cudalib
+    cat .stash/cudalib/libggml-cuda.so.xz.* | xz -d > /root/cudalib/libggml-cuda.so
+    xz -dc .stash/cudalib/libggml-cpu.so.xz > /root/cudalib/libggml-cpu.so
+    ls -la /root/cudalib
+}
 zserver() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
     ZUPSTREAM=0 zprep
     bash scripts/device/server-bench.sh all
 }
