@@ -188,6 +188,26 @@ fn fuzzer_findings_fail_cleanly() {
     );
 }
 
+#[test]
+fn special_token_the_tokenizer_adds_but_lacks_fails_cleanly() {
+    let dir = common::scratch_dir("hp-bos");
+    // a Unigram tokenizer adding a BOS whose id is out of range: llama.cpp
+    // disables the id at load, then asserted it when tokenizing
+    let raw = seed(&dir, "tiny-llama3.2-1b");
+    let f = write_case(&dir, "bos", &raw, |r| {
+        r.set("tokenizer.ggml.model", GgufValue::String("t5".into()));
+        r.set("tokenizer.ggml.add_bos_token", GgufValue::Bool(true));
+        r.set("tokenizer.ggml.bos_token_id", GgufValue::U32(1024));
+    });
+    assert_clean_failure(
+        &run_one_token(&f),
+        &[
+            "adds a BOS token",
+            "'tokenizer.ggml.bos_token_id' is missing or out of range",
+        ],
+    );
+}
+
 /// Every preset, full-size ones included, passes the checks: the rules are
 /// not stricter than the real models they stand for (checked on the
 /// header, with the data section only declared).

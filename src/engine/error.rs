@@ -9,6 +9,8 @@ pub enum EngineError {
     ModelMissing { path: PathBuf },
     #[error("{path} is not a usable GGUF model: {reason}")]
     InvalidModel { path: PathBuf, reason: String },
+    #[error("{path} loads, but its vocabulary cannot be used: {reason}")]
+    UnusableVocab { path: PathBuf, reason: String },
     #[error("llama.cpp failed to load the model {path} (see the log above for its reason)")]
     ModelLoad { path: PathBuf },
     #[error("model loading was cancelled")]

@@ -154,10 +154,19 @@ impl Model {
         drop(wrapped);
         drop(placement);
         match NonNull::new(raw) {
-            Some(ptr) => Ok(Model {
-                ptr,
-                path: path.to_path_buf(),
-            }),
+            Some(ptr) => {
+                let model = Model {
+                    ptr,
+                    path: path.to_path_buf(),
+                };
+                model
+                    .check_special_tokens()
+                    .map_err(|reason| EngineError::UnusableVocab {
+                        path: path.to_path_buf(),
+                        reason,
+                    })?;
+                Ok(model)
+            }
             None if cancelled.get() => Err(EngineError::LoadCancelled),
             None => Err(EngineError::ModelLoad {
                 path: path.to_path_buf(),
@@ -299,6 +308,50 @@ impl Model {
                 path: self.path.clone(),
             })
         }
+    }
+
+    /// The special tokens llama.cpp's tokenizer asserts it has when it adds
+    /// them (`GGML_ASSERT(special_bos_id != LLAMA_TOKEN_NULL)` and the like,
+    /// in `llama_vocab::impl::tokenize`): a file that asks for a BOS, EOS or
+    /// separator token whose id is missing or out of range is refused,
+    /// naming the keys. Read after loading, from llama.cpp's own resolution
+    /// of the defaults of each vocabulary type.
+    fn check_special_tokens(&self) -> std::result::Result<(), String> {
+        if !self.has_vocab() {
+            return Ok(());
+        }
+        let v = self.vocab();
+        // SAFETY: plain queries on a valid vocab.
+        let (ty, add_bos, add_eos, bos, eos, sep) = unsafe {
+            (
+                ffi::llama_vocab_type(v),
+                ffi::llama_vocab_get_add_bos(v),
+                ffi::llama_vocab_get_add_eos(v),
+                ffi::llama_vocab_bos(v),
+                ffi::llama_vocab_eos(v),
+                ffi::llama_vocab_sep(v),
+            )
+        };
+        let (need_bos, need_eos, need_sep) = match ty {
+            ffi::LLAMA_VOCAB_TYPE_SPM | ffi::LLAMA_VOCAB_TYPE_UGM | ffi::LLAMA_VOCAB_TYPE_PLAMO2 => {
+                (add_bos, add_eos, false)
+            }
+            ffi::LLAMA_VOCAB_TYPE_WPM => (true, false, true),
+            _ => (false, false, false),
+        };
+        for (needed, id, what, key) in [
+            (need_bos, bos, "a BOS", "tokenizer.ggml.bos_token_id"),
+            (need_eos, eos, "an EOS", "tokenizer.ggml.eos_token_id"),
+            (need_sep, sep, "a separator", "tokenizer.ggml.seperator_token_id"),
+        ] {
+            if needed && id < 0 {
+                return Err(format!(
+                    "its tokenizer adds {what} token, but metadata key '{key}' is missing or out of range (the vocabulary has {} tokens)",
+                    self.n_vocab()
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Tokenize text. `add_special` adds BOS/EOS as the model wants;

@@ -68,8 +68,9 @@ pub struct FuzzCounts {
     /// Rejected by pipeshard's checks (reader and hyper-parameter
     /// validation), in-process or in the child, with exit code 1.
     pub rejected_by_pipeshard: u64,
-    /// Passed pipeshard's checks, then rejected by llama.cpp's loader
-    /// (or a later step) with a clean error and exit code 1.
+    /// Passed pipeshard's checks before the load, then rejected with a
+    /// clean error and exit code 1: by llama.cpp's loader, by pipeshard's
+    /// check of the vocabulary llama.cpp loaded, or by a later step.
     pub rejected_by_llama: u64,
     /// Loaded and generated a token.
     pub loaded: u64,
