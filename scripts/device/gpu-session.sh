@@ -839,14 +839,18 @@ z4() {
 
 # z5 (carry .stash with the modules; ZUPSTREAM=0): every budget row again
 # with the CUDA stack at 256 bytes and the calibrated runtime allowance.
-z5() {
-    ZUPSTREAM=0 zprep
+# The budget rows of issue 15: R1 bench and run, R2 bench, VL run.
+zrows() {
     one r1-2g r1 2GiB pipeshard
     zrun r1-2g-run4k r1 2GiB
     one r2-4g r2 4GiB pipeshard
     [[ -f $W/vl.gguf ]] || $P synth --arch qwen2.5-vl-7b --quant q4_0 -o "$W/vl.gguf" --mmproj-out "$W/vl-mmproj.gguf" > /dev/null
     [[ -f $W/1080p.png ]] || mkimages > /dev/null
     vrun vl-1080p-4g 1080p --vram-budget 4GiB --profile "$RES/profile.yaml"
+}
+z5() {
+    ZUPSTREAM=0 zprep
+    zrows
 }
 
 # A plan for the prompt against every fixed ubatch: R1 at 2 GiB, prompts of
@@ -906,12 +910,7 @@ z7() {
 # 16k tokens against each fixed ubatch (host-KV attention priced on the GPU).
 z8() {
     ZUPSTREAM=0 zprep
-    one r1-2g r1 2GiB pipeshard
-    zrun r1-2g-run4k r1 2GiB
-    one r2-4g r2 4GiB pipeshard
-    [[ -f $W/vl.gguf ]] || $P synth --arch qwen2.5-vl-7b --quant q4_0 -o "$W/vl.gguf" --mmproj-out "$W/vl-mmproj.gguf" > /dev/null
-    [[ -f $W/1080p.png ]] || mkimages > /dev/null
-    vrun vl-1080p-4g 1080p --vram-budget 4GiB --profile "$RES/profile.yaml"
+    zrows
     zsweep 16384 2
 }
 

@@ -177,40 +177,10 @@ fn put_bytes(h: &mut Vec<u8>, s: &[u8]) {
     h.extend_from_slice(s);
 }
 
+/// A key's value as a GGUF file stores it: its type id, then the value.
 fn put_value(h: &mut Vec<u8>, v: &GgufValue) {
     h.extend_from_slice(&v.value_type().id().to_le_bytes());
-    match v {
-        GgufValue::U8(x) => h.push(*x),
-        GgufValue::I8(x) => h.push(*x as u8),
-        GgufValue::U16(x) => h.extend_from_slice(&x.to_le_bytes()),
-        GgufValue::I16(x) => h.extend_from_slice(&x.to_le_bytes()),
-        GgufValue::U32(x) => h.extend_from_slice(&x.to_le_bytes()),
-        GgufValue::I32(x) => h.extend_from_slice(&x.to_le_bytes()),
-        GgufValue::F32(x) => h.extend_from_slice(&x.to_le_bytes()),
-        GgufValue::Bool(x) => h.push(u8::from(*x)),
-        GgufValue::String(s) => put_bytes(h, s.as_bytes()),
-        GgufValue::U64(x) => h.extend_from_slice(&x.to_le_bytes()),
-        GgufValue::I64(x) => h.extend_from_slice(&x.to_le_bytes()),
-        GgufValue::F64(x) => h.extend_from_slice(&x.to_le_bytes()),
-        GgufValue::Array(a) => {
-            h.extend_from_slice(&a.elem_type().id().to_le_bytes());
-            h.extend_from_slice(&(a.len() as u64).to_le_bytes());
-            match a {
-                GgufArray::U8(v) => h.extend_from_slice(v),
-                GgufArray::I8(v) => h.extend(v.iter().map(|&x| x as u8)),
-                GgufArray::Bool(v) => h.extend(v.iter().map(|&x| u8::from(x))),
-                GgufArray::U16(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
-                GgufArray::I16(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
-                GgufArray::U32(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
-                GgufArray::I32(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
-                GgufArray::F32(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
-                GgufArray::U64(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
-                GgufArray::I64(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
-                GgufArray::F64(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
-                GgufArray::String(v) => v.iter().for_each(|s| put_bytes(h, s.as_bytes())),
-            }
-        }
-    }
+    crate::gguf::encode_value(h, v);
 }
 
 /// Hyper-parameters (`{arch}.` suffixes) that llama.cpp reads.

@@ -27,7 +27,7 @@ pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT};
 pub use types::{cuda_alloc_size, n_elements, nbytes, row_size, GgmlType, SizeError};
 pub use validate::{validate, HparamError, HparamProblem, Subject};
 pub use value::{GgufArray, GgufValue, GgufValueType};
-pub use writer::{GgufWriter, PlannedTensor, TensorDataWriter, TensorSink};
+pub use writer::{encode_value, GgufWriter, PlannedTensor, TensorDataWriter, TensorSink};
 
 use std::path::Path;
 
