@@ -11,13 +11,15 @@
 #
 # Installs the tests' Python requirements into .tools/server-tests/ (once),
 # writes the synthetic models into target/server-tests/, copies upstream's
-# tests there, and writes JUnit XML to target/server-tests/junit.xml.
+# tests there, and writes JUnit XML to target/server-tests/junit.xml
+# ($PIPESHARD_SERVER_TESTS_WORK instead of target/server-tests; PORT as in
+# upstream's utils.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 SRC=$ROOT/vendor/llama.cpp/tools/server/tests
 BIN=${PIPESHARD_BIN_DIR:-$ROOT/target/release}
-WORK=$ROOT/target/server-tests
+WORK=${PIPESHARD_SERVER_TESTS_WORK:-$ROOT/target/server-tests}
 PY=$ROOT/.tools/server-tests
 
 [[ -x $BIN/pipeshard-server && -x $BIN/pipeshard && -d $SRC ]] || ./dev cargo build --release --bins
