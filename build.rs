@@ -500,8 +500,9 @@ fn install_libs(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The C++ shim (`src/engine/server_shim.cpp`): an `extern "C"` entry to
-/// upstream's `llama_server()`, which is declared without C linkage.
+/// The C++ shim (`src/engine/server_shim.cpp`): `extern "C"` entries to
+/// upstream's `llama_server()`, which is declared without C linkage, and to
+/// `common`'s chat templates (a C++ API).
 fn build_shim(root: &Path, src: &Path) -> Result<()> {
     cc::Build::new()
         .cpp(true)
@@ -510,7 +511,10 @@ fn build_shim(root: &Path, src: &Path) -> Result<()> {
         .include(src.join("include"))
         .include(src.join("ggml/include"))
         .include(src.join("common"))
+        .include(src.join("vendor"))
         .warnings(true)
+        // upstream's headers define static helpers the shim does not use
+        .flag_if_supported("-Wno-unused-function")
         .try_compile("pipeshard_shim")
         .map_err(|e| format!("compiling src/engine/server_shim.cpp: {e}"))
 }

@@ -308,7 +308,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         args.prompt.clone()
     };
     let prompt_text = if chat {
-        let tmpl = model.chat_template(None).ok_or(engine::EngineError::NoChatTemplate)?;
+        model.chat_template(None).ok_or(engine::EngineError::NoChatTemplate)?;
         let mut msgs = Vec::new();
         if let Some(sys) = &args.system {
             msgs.push(ChatMessage {
@@ -320,7 +320,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
             role: "user".into(),
             content: user_text,
         });
-        engine::apply_chat_template(&tmpl, &msgs, true)?
+        model.apply_common_chat_template(&msgs, true)?
     } else {
         user_text
     };
