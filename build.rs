@@ -73,7 +73,9 @@ fn run() -> Result<()> {
     prepare_source(&sdist, &src, &patches, &stamp)?;
 
     let cuda = env::var_os("CARGO_FEATURE_CUDA").is_some();
+    ui_assets_from_cache(&vendor, &src)?;
     let install = build_llama(&root, &out_dir, &src, &stamp, cuda)?;
+    ui_assets_to_cache(&vendor, &src, &install)?;
     let lib_dir = install.join("lib");
 
     build_shim(&root, &src)?;
@@ -315,6 +317,9 @@ fn cmake_defines(cuda: bool) -> Vec<(String, String)> {
         ("LLAMA_BUILD_TESTS", "OFF"),
         ("LLAMA_BUILD_EXAMPLES", "OFF"),
         ("LLAMA_BUILD_APP", "OFF"),
+        // The web UI: upstream's npm build of tools/ui (LLAMA_BUILD_UI),
+        // never its download of prebuilt assets; see `ui_assets`.
+        ("LLAMA_BUILD_UI", "ON"),
         ("LLAMA_USE_PREBUILT_UI", "OFF"),
         ("LLAMA_OPENSSL", "OFF"),
         ("GGML_CCACHE", "OFF"),
@@ -382,6 +387,7 @@ fn build_llama(root: &Path, out_dir: &Path, src: &Path, stamp: &str, cuda: bool)
         let _ = fs::remove_dir_all(&build);
     }
     let cmake = env::var("CMAKE").unwrap_or_else(|_| "cmake".into());
+    let npm_cache = root.join("vendor").join("npm-cache");
     let mut configure = Command::new(&cmake);
     configure.arg("-S").arg(src).arg("-B").arg(&build);
     for (k, v) in &defines {
@@ -392,7 +398,15 @@ fn build_llama(root: &Path, out_dir: &Path, src: &Path, stamp: &str, cuda: bool)
         .ok()
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()).to_string());
     let mut compile = Command::new(&cmake);
+    // The UI's npm build (upstream's scripts/ui-assets.cmake runs `npm ci`
+    // and `npm run build` when the assets are not cached): packages cached
+    // in vendor/, no browser downloads (Playwright is a test dependency).
     compile
+        .env("npm_config_cache", &npm_cache)
+        .env("npm_config_audit", "false")
+        .env("npm_config_fund", "false")
+        .env("npm_config_prefer_offline", "true")
+        .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
         .arg("--build")
         .arg(&build)
         .args(["--config", "Release", "-j", &jobs, "--target"])
@@ -401,6 +415,38 @@ fn build_llama(root: &Path, out_dir: &Path, src: &Path, stamp: &str, cuda: bool)
     install_libs(&build.join("bin"), &dest.join("lib"))?;
     fs::write(&done, stamp).map_err(|e| format!("{}: {e}", done.display()))?;
     Ok(dest)
+}
+
+/// The UI assets built once (by upstream's npm build) are kept in
+/// `vendor/ui-dist`, stamped with the source they came from; a later build
+/// puts them where upstream looks for pre-built assets (`tools/ui/dist`),
+/// so it needs neither npm nor the network.
+const UI_CACHE: &str = "ui-dist";
+
+fn ui_assets_from_cache(vendor: &Path, src: &Path) -> Result<()> {
+    let cache = vendor.join(UI_CACHE);
+    let dist = src.join("tools/ui/dist");
+    if dist.join("index.html").is_file()
+        || fs::read_to_string(cache.join(".pipeshard-source")).ok().as_deref() != Some(LLAMA_SDIST_SHA256)
+    {
+        return Ok(());
+    }
+    sync_tree(&cache, &dist)?;
+    let _ = fs::remove_file(dist.join(".pipeshard-source"));
+    Ok(())
+}
+
+fn ui_assets_to_cache(vendor: &Path, src: &Path, install: &Path) -> Result<()> {
+    let built = install.join("build/tools/ui/dist");
+    let cache = vendor.join(UI_CACHE);
+    if src.join("tools/ui/dist/index.html").is_file() || !built.join("index.html").is_file() {
+        if !built.join("index.html").is_file() && !src.join("tools/ui/dist/index.html").is_file() {
+            println!("cargo:warning=the web UI was not built (is npm installed?); the server answers 404 at /");
+        }
+        return Ok(());
+    }
+    sync_tree(&built, &cache)?;
+    fs::write(cache.join(".pipeshard-source"), LLAMA_SDIST_SHA256).map_err(|e| format!("{}: {e}", cache.display()))
 }
 
 /// Whether `build` holds a cmake cache configured for the source tree `src`.
@@ -454,8 +500,9 @@ fn install_libs(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The C++ shim (`src/engine/server_shim.cpp`): an `extern "C"` entry to
-/// upstream's `llama_server()`, which is declared without C linkage.
+/// The C++ shim (`src/engine/server_shim.cpp`): `extern "C"` entries to
+/// upstream's `llama_server()`, which is declared without C linkage, and to
+/// `common`'s chat templates (a C++ API).
 fn build_shim(root: &Path, src: &Path) -> Result<()> {
     cc::Build::new()
         .cpp(true)
@@ -464,7 +511,10 @@ fn build_shim(root: &Path, src: &Path) -> Result<()> {
         .include(src.join("include"))
         .include(src.join("ggml/include"))
         .include(src.join("common"))
+        .include(src.join("vendor"))
         .warnings(true)
+        // upstream's headers define static helpers the shim does not use
+        .flag_if_supported("-Wno-unused-function")
         .try_compile("pipeshard_shim")
         .map_err(|e| format!("compiling src/engine/server_shim.cpp: {e}"))
 }

@@ -11,13 +11,15 @@
 #
 # Installs the tests' Python requirements into .tools/server-tests/ (once),
 # writes the synthetic models into target/server-tests/, copies upstream's
-# tests there, and writes JUnit XML to target/server-tests/junit.xml.
+# tests there, and writes JUnit XML to target/server-tests/junit.xml
+# ($PIPESHARD_SERVER_TESTS_WORK instead of target/server-tests; PORT as in
+# upstream's utils.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 SRC=$ROOT/vendor/llama.cpp/tools/server/tests
-BIN=$ROOT/target/release
-WORK=$ROOT/target/server-tests
+BIN=${PIPESHARD_BIN_DIR:-$ROOT/target/release}
+WORK=${PIPESHARD_SERVER_TESTS_WORK:-$ROOT/target/server-tests}
 PY=$ROOT/.tools/server-tests
 
 [[ -x $BIN/pipeshard-server && -x $BIN/pipeshard && -d $SRC ]] || ./dev cargo build --release --bins
@@ -36,13 +38,22 @@ export PIPESHARD_TEST_TEXT_MODEL=$text
 export PIPESHARD_TEST_MOE_MODEL=$WORK/moe.gguf
 export PIPESHARD_TEST_VL_MODEL=$WORK/vl.gguf
 export PIPESHARD_TEST_VL_MMPROJ=$WORK/vl-mmproj.gguf
-export LLAMA_SERVER_BIN_PATH=$BIN/pipeshard-server
+export LLAMA_SERVER_BIN_PATH=${LLAMA_SERVER_BIN_PATH:-$BIN/pipeshard-server}
 # No Hugging Face: every model is local.
 export HF_HUB_OFFLINE=1
 
-rm -rf "$WORK/tests"
-cp -r "$SRC" "$WORK/tests"
-cd "$WORK/tests"
+# Upstream's tests name files of the llama.cpp tree relative to their own
+# directory (../../../models/templates, ...): run a copy of them inside a
+# tree whose every other entry links to the patched source.
+TREE=$WORK/llama.cpp
+rm -rf "$TREE"
+mkdir -p "$TREE/tools/server"
+LLAMA=$ROOT/vendor/llama.cpp
+for e in "$LLAMA"/* "$LLAMA"/.[!.]*; do [[ $(basename "$e") == tools ]] || ln -s "$e" "$TREE/"; done
+for e in "$LLAMA"/tools/*; do [[ $(basename "$e") == server ]] || ln -s "$e" "$TREE/tools/"; done
+for e in "$LLAMA"/tools/server/*; do [[ $(basename "$e") == tests ]] || ln -s "$e" "$TREE/tools/server/"; done
+cp -r "$SRC" "$TREE/tools/server/tests"
+cd "$TREE/tools/server/tests"
 args=("$@")
 (( ${#args[@]} )) || args=(-m "not slow" unit/)
 deselect=()
@@ -51,6 +62,6 @@ if [[ ${PIPESHARD_SERVER_TESTS_SKIP_EXPECTED:-0} == 1 ]]; then
         [[ -z $id || $id == \#* ]] || deselect+=(--deselect "$id")
     done <"$ROOT/tests/upstream-server/expected-failures.txt"
 fi
-export PYTHONPATH=$PY:$WORK/tests:$ROOT/tests/upstream-server
+export PYTHONPATH=$PY:$TREE/tools/server/tests:$ROOT/tests/upstream-server
 exec python3 -m pytest -p pipeshard_models -p no:cacheprovider -q -rfE \
     --junitxml="$WORK/junit.xml" "${deselect[@]}" "${args[@]}"

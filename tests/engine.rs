@@ -182,6 +182,38 @@ fn chat_template_renders_like_upstream() {
 }
 
 #[test]
+fn common_chat_template_renders_like_the_server() {
+    // common's Jinja rendering of the GGUF's own template: what `run --chat`
+    // and llama.cpp's server send. SmolLM2's template adds its default system
+    // prompt when the conversation has none.
+    let model = common::load_default_model();
+    let user = ChatMessage {
+        role: "user".into(),
+        content: "Hi!".into(),
+    };
+    let text = model
+        .apply_common_chat_template(std::slice::from_ref(&user), true)
+        .unwrap();
+    assert!(
+        text.starts_with("<|im_start|>system\nYou are a helpful AI assistant named SmolLM"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"),
+        "{text}"
+    );
+    let system = ChatMessage {
+        role: "system".into(),
+        content: "Be brief.".into(),
+    };
+    let text = model.apply_common_chat_template(&[system, user], false).unwrap();
+    assert_eq!(
+        text,
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n"
+    );
+}
+
+#[test]
 fn chat_generation_stops_at_end_of_turn() {
     let model = common::load_default_model();
     let tmpl = model.chat_template(None).unwrap();

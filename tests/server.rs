@@ -268,6 +268,38 @@ fn openai_and_anthropic_sdks_with_tool_calls() {
     assert!(tools["input"]["city"].is_string(), "{tools}");
 }
 
+/// Debian's chromium (`apt-get install chromium`), or `$CHROMIUM`.
+fn chromium() -> String {
+    if let Ok(c) = std::env::var("CHROMIUM") {
+        return c;
+    }
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|name| {
+            let out = Command::new("sh")
+                .args(["-c", &format!("command -v {name}")])
+                .output()
+                .ok()?;
+            let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            (out.status.success() && !path.is_empty()).then_some(path)
+        })
+        .expect(
+            "no Chromium for the web UI test: `apt-get install chromium` (./dev test does it as root), or set CHROMIUM",
+        )
+}
+
+#[test]
+fn web_ui_in_headless_chromium() {
+    // Upstream's web UI, built from tools/ui at build time, at /: it loads in
+    // a real browser, a message sent with Enter streams its answer in.
+    let s = spawn(&[], "webui");
+    let ui = s.python_client("webui_chromium.py", &chromium(), None);
+    assert_eq!(ui["title"], "llama-ui", "{ui}");
+    assert_eq!(ui["stream"], true, "{ui}");
+    assert!(ui["chunks"].as_u64().unwrap() >= 2, "{ui}");
+    assert!(!ui["answer"].as_str().unwrap().trim().is_empty(), "{ui}");
+}
+
 #[test]
 fn embeddings_only_with_flag() {
     let plain = spawn(&[], "noembd");

@@ -449,7 +449,7 @@ fn prompt_text(model: &Model, args: &RunArgs, chat: bool) -> Result<String> {
     if !chat {
         return Ok(user_text);
     }
-    let tmpl = model.chat_template(None).ok_or(engine::EngineError::NoChatTemplate)?;
+    model.chat_template(None).ok_or(engine::EngineError::NoChatTemplate)?;
     let mut msgs = Vec::new();
     if let Some(sys) = &args.system {
         msgs.push(ChatMessage {
@@ -461,5 +461,5 @@ fn prompt_text(model: &Model, args: &RunArgs, chat: bool) -> Result<String> {
         role: "user".into(),
         content: user_text,
     });
-    Ok(engine::apply_chat_template(&tmpl, &msgs, true)?)
+    Ok(model.apply_common_chat_template(&msgs, true)?)
 }

@@ -450,6 +450,47 @@ impl Model {
     }
 
     /// The model's own chat template (the default one when `name` is None).
+    /// Render `messages` with the model's own chat template through
+    /// llama.cpp's `common` (what its server renders with: Jinja, with
+    /// upstream's fixes for known templates), ending with the assistant's
+    /// turn when `add_assistant` is set.
+    pub fn apply_common_chat_template(&self, messages: &[ChatMessage], add_assistant: bool) -> Result<String> {
+        let owned: Vec<(CString, CString)> = messages
+            .iter()
+            .map(|m| Ok((CString::new(m.role.as_str())?, CString::new(m.content.as_str())?)))
+            .collect::<std::result::Result<_, std::ffi::NulError>>()
+            .map_err(|_| EngineError::NulInText)?;
+        let roles: Vec<*const c_char> = owned.iter().map(|(r, _)| r.as_ptr()).collect();
+        let contents: Vec<*const c_char> = owned.iter().map(|(_, c)| c.as_ptr()).collect();
+        let mut error: *mut c_char = std::ptr::null_mut();
+        // SAFETY: the model is valid; roles and contents hold n NUL-terminated
+        // strings that outlive the call; error receives a string or NULL.
+        let prompt = unsafe {
+            ffi::pipeshard_chat_apply(
+                self.ptr.as_ptr(),
+                roles.as_ptr(),
+                contents.as_ptr(),
+                owned.len(),
+                add_assistant,
+                &mut error,
+            )
+        };
+        let take = |p: *mut c_char| {
+            // SAFETY: p came from the shim's strdup and is freed once, here.
+            unsafe {
+                let s = CStr::from_ptr(p).to_string_lossy().into_owned();
+                ffi::pipeshard_string_free(p);
+                s
+            }
+        };
+        if prompt.is_null() {
+            let why = if error.is_null() { String::new() } else { take(error) };
+            tracing::warn!("common's chat template: {why}");
+            return Err(EngineError::ChatTemplate);
+        }
+        Ok(take(prompt))
+    }
+
     pub fn chat_template(&self, name: Option<&str>) -> Option<String> {
         let name = name.and_then(|n| CString::new(n).ok());
         // SAFETY: name is NULL or NUL-terminated; the returned string lives as long as the model.

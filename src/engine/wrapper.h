@@ -10,5 +10,9 @@
 #include "load-hook.h"
 #include "server-ext.h"
 
-// src/engine/server_shim.cpp: upstream's llama_server(argc, argv).
+// src/engine/server_shim.cpp: upstream's llama_server(argc, argv), and
+// common's chat templates.
 int pipeshard_llama_server(int argc, char ** argv);
+char * pipeshard_chat_apply(const struct llama_model * model, const char * const * roles,
+                            const char * const * contents, size_t n, bool add_generation_prompt, char ** error);
+void pipeshard_string_free(char * s);

@@ -31,10 +31,11 @@ PRESET_MODELS = {
     "tinygemma3": "PIPESHARD_TEST_VL_MODEL",
 }
 MMPROJ = {"tinygemma3": "PIPESHARD_TEST_VL_MMPROJ"}
-# Files upstream's tests download by URL: a draft model of the target's
-# vocabulary (the text model drafts for itself).
+# Files upstream's tests download by URL: stories15M drafts for the
+# stories15M MoE (test_speculative); the synthetic MoE drafts for itself
+# (a draft needs the target's vocabulary).
 URL_FILES = {
-    "https://huggingface.co/ggml-org/tiny-llamas/resolve/main/stories15M-q4_0.gguf": TEXT,
+    "https://huggingface.co/ggml-org/tiny-llamas/resolve/main/stories15M-q4_0.gguf": "PIPESHARD_TEST_MOE_MODEL",
 }
 
 
