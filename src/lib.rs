@@ -6,8 +6,11 @@
 //!   lives there);
 //! - [`gguf`]: reading, validating and writing GGUF files without loading them;
 //! - [`synth`]: random-weight GGUFs with real model shapes;
+//! - [`fuzz`]: structure-aware GGUF mutation, each case loaded in a child process;
 //! - [`profile`]: measured speeds of this machine (CPU, GPU, link);
 //! - [`plan`]: the cost model and optimizer that place each weight per token tier;
+//! - [`launch`]: the one path from options and parameters to a checked plan,
+//!   and the process's budget check after loading;
 //! - [`generate`]: prompt processing, sampling and streaming on an engine context;
 //! - [`bench`]: side-by-side runs of pipeshard and upstream placement policies;
 //! - [`server_hook`]: llama.cpp's own server with pipeshard's plan installed at load;
@@ -16,8 +19,10 @@
 pub mod bench;
 pub mod default_model;
 pub mod engine;
+pub mod fuzz;
 pub mod generate;
 pub mod gguf;
+pub mod launch;
 pub mod logging;
 pub mod plan;
 pub mod profile;

@@ -285,6 +285,9 @@ fn result(policy: Policy, budget: u64, ttfts: &[f64], decodes: &[f64], peak_vram
             .map(|(&ttft_s, &decode_tok_s)| Sample { ttft_s, decode_tok_s })
             .collect(),
         peak_vram,
+        peak_source: None,
+        llama_device_bytes: peak_vram / 2,
+        memory_steps: Vec::new(),
         peak_rss: 100 << 20,
         over_budget: over,
         predicted: None,

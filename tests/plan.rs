@@ -11,6 +11,7 @@ use pipeshard::gguf::ModelInfo;
 use pipeshard::plan::{self, Exec, PlanError, PlanRequest};
 use pipeshard::profile::MachineProfile;
 use pipeshard::synth::{self, Quant};
+use pipeshard::{engine, launch};
 
 const GIB: u64 = 1 << 30;
 
@@ -287,26 +288,47 @@ fn vision_peak_counts_as_the_larger_of_the_two_not_the_sum() {
     }
 }
 
+fn fixture_path() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpu-machine-profile.yaml")
+}
+
+/// Options that plan with the fixture profile (this machine has no GPU).
+fn fixture_options() -> launch::PipeshardOptions {
+    launch::PipeshardOptions {
+        profile: Some(fixture_path()),
+        ..Default::default()
+    }
+}
+
+/// The plan `launch` makes for `model` at `budget` in a context made with `cp`.
+fn launch_plan(model: &Path, budget: u64, cp: &engine::ContextParams, side_contexts: Vec<u64>) -> plan::Plan {
+    let options = fixture_options();
+    let req = launch::LaunchRequest {
+        budget: Some(budget),
+        side_contexts,
+        ..launch::LaunchRequest::new(model, &options, 2, Default::default()).unwrap()
+    };
+    launch::plan_for(&req, cp, |_, _| {}).unwrap().expect("a plan").plan
+}
+
 /// The server's side contexts (vision worker, embedder) are budgeted: their
 /// KV caches join the main one's, and each adds its own compute peak.
 #[test]
 fn side_contexts_count_their_kv_and_compute() {
-    use pipeshard::plan::runtime::{budget_plan, PlanSource};
     let dir = common::scratch_dir("plan-side-contexts");
     let model = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", Quant::Q4_0);
-    let (_, info) = pipeshard::gguf::inspect(&model).unwrap();
-    let profile = fixture();
-    let mut source = PlanSource {
-        stream_slots: plan::DEFAULT_STREAM_SLOTS,
+    let cp = engine::ContextParams {
+        n_ctx: 2048,
         ..Default::default()
     };
-    let base = budget_plan(&source, GIB, &model, &info, &profile, 2048).unwrap();
-    source.side_contexts = vec![512, 512];
-    let side = budget_plan(&source, GIB, &model, &info, &profile, 2048).unwrap();
+    let base = launch_plan(&model, GIB, &cp, Vec::new());
+    let side = launch_plan(&model, GIB, &cp, vec![512, 512]);
     assert!(side.vram.total <= GIB);
+    // Two more compute peaks, and the runtime allowance of 1024 more
+    // tokens of context.
     assert_eq!(
         side.vram.reserve,
-        base.vram.reserve + 2 * side.vram.language_peak(),
+        base.vram.reserve + 2 * side.vram.language_peak() + 1024 * launch::RUNTIME_BYTES_PER_TOKEN,
         "two more compute peaks"
     );
     let per_token = base.vram.kv_cache as f64 / 2048.0;
@@ -316,6 +338,90 @@ fn side_contexts_count_their_kv_and_compute() {
         "KV for 2048 + 2 x 512 tokens: {} vs {expected}",
         side.vram.kv_cache
     );
+}
+
+/// The plan prices the context that will be made: a quantised KV cache
+/// takes less VRAM than F16, and attention without flash attention holds
+/// its scores over the whole context in the compute buffer.
+#[test]
+fn kv_type_and_flash_attention_change_the_planned_vram() {
+    let dir = common::scratch_dir("plan-context-params");
+    let model = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", Quant::Q4_0);
+    let cp = engine::ContextParams {
+        n_ctx: 4096,
+        flash_attention: engine::FlashAttention::On,
+        ..Default::default()
+    };
+    let f16 = launch_plan(&model, GIB, &cp, Vec::new());
+    let q8 = engine::ffi::GGML_TYPE_Q8_0;
+    let quantised = launch_plan(
+        &model,
+        GIB,
+        &engine::ContextParams {
+            type_k: Some(q8),
+            type_v: Some(q8),
+            ..cp.clone()
+        },
+        Vec::new(),
+    );
+    // q8_0 stores 34 bytes per 32 values against F16's 64.
+    let ratio = quantised.vram.kv_cache as f64 / f16.vram.kv_cache as f64;
+    assert!((ratio - 34.0 / 64.0).abs() < 0.01, "KV q8_0 / f16 = {ratio}");
+    let no_fa = launch_plan(
+        &model,
+        GIB,
+        &engine::ContextParams {
+            flash_attention: engine::FlashAttention::Off,
+            ..cp.clone()
+        },
+        Vec::new(),
+    );
+    assert!(
+        no_fa.vram.compute > f16.vram.compute,
+        "without flash attention the scores take compute memory: {} vs {}",
+        no_fa.vram.compute,
+        f16.vram.compute
+    );
+    // Every plan leaves room for the process outside llama.cpp's buffers.
+    for p in [&f16, &quantised, &no_fa] {
+        assert!(
+            p.vram.reserve
+                >= launch::ASSUMED_CONTEXT_BYTES + launch::RUNTIME_BYTES + 4096 * launch::RUNTIME_BYTES_PER_TOKEN
+        );
+        assert!(p.vram.total <= GIB);
+    }
+}
+
+/// A loaded model over its budget is refused, whether llama.cpp's buffers
+/// with the budgeted overhead or the process's own NVML figure exceed it.
+#[test]
+fn a_loaded_model_over_the_budget_is_refused() {
+    let ok = launch::LoadedMemory {
+        budget: 2 * GIB,
+        llama: GIB,
+        overhead: 600 << 20,
+        process: Some((1900 << 20, engine::MemorySource::NvmlProcess)),
+    };
+    assert_eq!(launch::verify(ok).unwrap(), ok);
+    let buffers = launch::LoadedMemory {
+        llama: 1600 << 20,
+        ..ok
+    };
+    match launch::verify(buffers) {
+        Err(launch::LaunchError::OverBudget { used, budget, .. }) => {
+            assert_eq!((used, budget), ((1600 + 600) << 20, 2 * GIB))
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let process = launch::LoadedMemory {
+        process: Some((2 * GIB + 1, engine::MemorySource::NvmlCardGrowth)),
+        ..ok
+    };
+    let e = launch::verify(process).unwrap_err();
+    assert!(e.to_string().contains("NVML"), "{e}");
+    // Without NVML only the buffers and the budgeted overhead are checked.
+    let no_nvml = launch::LoadedMemory { process: None, ..ok };
+    assert!(launch::verify(no_nvml).is_ok());
 }
 
 #[test]
@@ -393,7 +499,7 @@ fn plans_saved_before_hybrid_experts_still_load() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("plan.yaml");
     std::fs::write(&path, old).unwrap();
-    let loaded = plan::runtime::load_plan(&path).unwrap();
+    let loaded = pipeshard::launch::load_plan(&path).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!((loaded.hybrid_gpu_experts, loaded.stream_routed_max), (0, 0));
     assert_eq!(loaded.tensors, p.tensors);
@@ -483,4 +589,37 @@ fn speculative_plans_round_trip_and_older_plans_have_none() {
     assert!(table.contains("n=8"), "{table}");
     let plain = plan::make_plan(&info, &profile, &PlanRequest::new(4 * GIB, 8192)).unwrap();
     assert!(!plan::render(&plain, plan::Format::Yaml).contains("speculation"));
+}
+
+/// A prompt chunk attends on the GPU even where its layer's KV cache is in
+/// host memory (the scheduler copies the cells in use over), so it costs
+/// the GPU's attention plus that copy; a decode token attends on the CPU.
+#[test]
+fn host_kv_attention_of_a_prompt_chunk_is_priced_on_the_gpu_with_its_copy() {
+    let profile = fixture();
+    let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let cm = plan::CostModel::new(
+        &info,
+        &profile,
+        plan::Streaming::Pipelined,
+        true,
+        Default::default(),
+        None,
+    );
+    let (n, n_kv) = (1024, 8192);
+    let gpu = cm.attention_seconds(0, n, n_kv, true);
+    let host = cm.attention_seconds(0, n, n_kv, false);
+    let per_token = info
+        .kv_bytes_per_token(0, pipeshard::gguf::GgmlType::F16, pipeshard::gguf::GgmlType::F16)
+        .unwrap();
+    let copy = (per_token * (n_kv + n / 2)) as f64 / profile.link.as_ref().unwrap().h2d_pageable;
+    assert!((host - (gpu + copy)).abs() < 1e-9, "{host} vs {gpu} + {copy}");
+    let cpu = profile.attention_seconds(
+        pipeshard::profile::Device::Cpu,
+        info.head_dim_k,
+        info.n_head[0] as u64,
+        1,
+        n_kv,
+    );
+    assert_eq!(cm.attention_seconds(0, 1, n_kv, false), cpu);
 }

@@ -51,3 +51,5 @@ for t in "${targets[@]}"; do
     cp "$so" "$DIST/lib/"
     echo "build-cuda: installed $DIST/lib/lib$t.so"
 done
+# The stack the module's kernels need, for pipeshard's CUDA context.
+bash "$(dirname "$0")/cuda-stack.sh" "$DIST" || true

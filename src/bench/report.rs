@@ -27,6 +27,15 @@ pub struct BenchRow {
     #[serde(deserialize_with = "nan_if_null")]
     pub decode_max: f64,
     pub peak_vram: u64,
+    /// How `peak_vram` was measured (NVML's process figure where available).
+    #[serde(default)]
+    pub peak_source: Option<crate::engine::MemorySource>,
+    /// Device bytes in llama.cpp's own buffers.
+    #[serde(default)]
+    pub llama_device_bytes: u64,
+    /// The process's device memory at each step of the run.
+    #[serde(default)]
+    pub memory_steps: Vec<(String, u64)>,
     pub peak_rss: u64,
     pub over_budget: bool,
     pub predicted_ttft_s: Option<f64>,
@@ -68,8 +77,11 @@ impl BenchRow {
             decode_min: d.iter().cloned().fold(f64::INFINITY, f64::min),
             decode_max: d.iter().cloned().fold(0.0, f64::max),
             peak_vram: r.peak_vram,
+            peak_source: r.peak_source,
+            llama_device_bytes: r.llama_device_bytes,
+            memory_steps: r.memory_steps.clone(),
             peak_rss: r.peak_rss,
-            over_budget: r.over_budget || r.peak_vram > r.budget,
+            over_budget: r.over_budget || (r.policy != Policy::FullGpu && r.peak_vram > r.budget),
             predicted_ttft_s: r.predicted.map(|p| p.ttft_s),
             predicted_decode_tok_s: r.predicted.map(|p| p.decode_tok_s),
             error: None,
@@ -89,6 +101,9 @@ impl BenchRow {
             decode_min: f64::NAN,
             decode_max: f64::NAN,
             peak_vram: 0,
+            peak_source: None,
+            llama_device_bytes: 0,
+            memory_steps: Vec::new(),
             peak_rss: 0,
             over_budget: false,
             predicted_ttft_s: None,
@@ -106,7 +121,7 @@ impl BenchRow {
 fn best_upstream(rows: &[BenchRow], budget: u64) -> (Option<f64>, Option<f64>) {
     let up = rows
         .iter()
-        .filter(|r| r.budget == budget && !r.policy.is_pipeshard() && r.valid());
+        .filter(|r| r.budget == budget && !r.policy.is_pipeshard() && r.policy != Policy::FullGpu && r.valid());
     let ttft = up
         .clone()
         .map(|r| r.ttft_s)
@@ -150,7 +165,7 @@ pub fn write_reports(dir: &Path, title: &str, command: &str, machine: &str, rows
     std::fs::write(dir.join("bench.csv"), csv)?;
 
     let mut md = format!("# {title}\n\n- machine: {machine}\n- command: `{command}`\n\n");
-    md.push_str("| budget | policy | setting | TTFT s (min–max) | decode tok/s (min–max) | peak VRAM | peak RSS | predicted | vs best upstream |\n|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| budget | policy | setting | TTFT s (min–max) | decode tok/s (min–max) | peak VRAM (process) | llama.cpp buffers | peak RSS | predicted | vs best upstream |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         let (bt, bd) = best_upstream(rows, r.budget);
         let ratio = if r.policy == Policy::Pipeshard && r.valid() {
@@ -169,7 +184,7 @@ pub fn write_reports(dir: &Path, title: &str, command: &str, machine: &str, rows
         };
         let _ = writeln!(
             md,
-            "| {} | {:?} | {} {} | {:.3} ({:.3}–{:.3}) | {:.1} ({:.1}–{:.1}) | {} | {} | {} | {} |",
+            "| {} | {:?} | {} {} | {:.3} ({:.3}–{:.3}) | {:.1} ({:.1}–{:.1}) | {} | {} | {} | {} | {} |",
             fmt_bytes(r.budget),
             r.policy,
             r.setting,
@@ -181,6 +196,7 @@ pub fn write_reports(dir: &Path, title: &str, command: &str, machine: &str, rows
             r.decode_min,
             r.decode_max,
             fmt_bytes(r.peak_vram),
+            fmt_bytes(r.llama_device_bytes),
             fmt_bytes(r.peak_rss),
             match (r.predicted_ttft_s, r.predicted_decode_tok_s) {
                 (Some(t), Some(d)) => format!("{t:.3} s / {d:.1} tok/s"),
@@ -206,8 +222,9 @@ fn svg(title: &str, rows: &[BenchRow]) -> String {
         Policy::Fit,
         Policy::Ngl,
         Policy::AttnGpu,
+        Policy::FullGpu,
     ];
-    let colors = ["#d62728", "#ff9896", "#1f77b4", "#2ca02c", "#9467bd"];
+    let colors = ["#d62728", "#ff9896", "#1f77b4", "#2ca02c", "#9467bd", "#7f7f7f"];
     let (w, h, pad) = (900.0, 360.0, 50.0);
     let mut s = format!(
         "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{}' font-family='sans-serif' font-size='12'>\n<text x='10' y='20' font-size='15'>{title}</text>\n",

@@ -8,16 +8,15 @@ use pipeshard::bench::{self, BenchConfig, BenchRow, Policy};
 use pipeshard::engine::{self, FlashAttention};
 use pipeshard::plan;
 
-use super::plan::{resolve_profile, BudgetArgs};
+use pipeshard::launch::PipeshardOptions;
+
+use super::plan::resolve_profile;
 use super::GlobalArgs;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
     #[arg(short = 'm', long = "model")]
     pub model: PathBuf,
-    /// Comma-separated budgets, e.g. 2GiB,4GiB.
-    #[arg(long = "vram-budget")]
-    pub budgets: String,
     /// Prompt tokens (random tokens).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 4096)]
     pub prompt: u32,
@@ -40,20 +39,14 @@ pub struct BenchArgs {
     /// Directory for bench.md, bench.csv, bench.json and bench.svg.
     #[arg(short = 'o', long = "out", default_value = "bench-out")]
     pub out: PathBuf,
-    #[arg(long = "profile")]
-    pub profile: Option<PathBuf>,
-    /// Streaming slots of pipeshard's plan (0: synchronous copies).
-    #[arg(long = "stream-slots", default_value_t = pipeshard::plan::DEFAULT_STREAM_SLOTS,
-          value_parser = clap::value_parser!(u32).range(0..=8))]
-    pub stream_slots: u32,
+    /// pipeshard's options; `--vram-budget` takes a comma-separated list
+    /// (e.g. 2GiB,4GiB) and every policy runs at each.
+    #[command(flatten)]
+    pub options: PipeshardOptions,
     /// Upstream policies keep their CPU weights in llama.cpp's plain layout
     /// instead of repacking them (upstream's `--no-repack`).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
-    /// Hybrid experts in pipeshard's plan: how many of each token's routed
-    /// experts the GPU computes in decode (0: off); default: the planner's choice.
-    #[arg(long = "hybrid-experts")]
-    pub hybrid_experts: Option<u32>,
     /// The ubatch of pipeshard's plan; default: the planner's choice.
     #[arg(long = "plan-ubatch")]
     pub plan_ubatch: Option<u32>,
@@ -65,28 +58,25 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
     engine::init(global.backend_dir.as_deref())?;
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     let budgets: Vec<u64> = args
-        .budgets
-        .split(',')
-        .map(plan::parse_bytes)
+        .options
+        .budgets()?
+        .into_iter()
+        .map(|b| b.resolve())
         .collect::<Result<_, _>>()?;
-    let profile = if args.policies.iter().any(|p| p.is_pipeshard()) {
-        let b = BudgetArgs {
-            vram_budget: None,
-            profile: args.profile.clone(),
-            plan: None,
-            stream_slots: pipeshard::plan::DEFAULT_STREAM_SLOTS,
-            hybrid_experts: None,
-        };
-        match resolve_profile(&b, threads) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                eprintln!("bench: no profile for pipeshard's plan ({e:#}); its rows will fail");
-                None
-            }
+    anyhow::ensure!(
+        !budgets.is_empty(),
+        "--vram-budget is required (one or more, comma-separated)"
+    );
+    anyhow::ensure!(
+        args.options.plan.is_none(),
+        "bench plans for each budget; it takes no --plan"
+    );
+    if args.policies.iter().any(|p| p.is_pipeshard()) {
+        // Measured now (with a progress bar) if this machine has none yet.
+        if let Err(e) = resolve_profile(&args.options, threads) {
+            eprintln!("bench: no profile for pipeshard's plan ({e:#}); its rows will fail");
         }
-    } else {
-        None
-    };
+    }
     let cfg = BenchConfig {
         prompt_tokens: args.prompt,
         gen_tokens: args.gen,
@@ -94,9 +84,8 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
         threads,
         repetitions: args.repetitions,
         flash_attention: FlashAttention::On,
-        stream_slots: args.stream_slots,
+        options: args.options.clone(),
         repack: !args.no_repack,
-        hybrid_gpu_experts: args.hybrid_experts,
         plan_ubatch: args.plan_ubatch,
     };
     let mut rows = Vec::new();
@@ -107,7 +96,7 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
                 serde_json::to_string(&p)?.trim_matches('"'),
                 plan::fmt_bytes(b)
             );
-            match bench::run_policy(&args.model, &info, profile.as_ref(), p, b, &cfg) {
+            match bench::run_policy(&args.model, &info, p, b, &cfg) {
                 Ok(r) => {
                     let row = BenchRow::from_result(&r);
                     eprintln!(
@@ -118,6 +107,18 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
                         plan::fmt_bytes(row.peak_vram),
                         if row.over_budget { " (OVER BUDGET)" } else { "" }
                     );
+                    if !row.memory_steps.is_empty() {
+                        let steps: Vec<String> = row
+                            .memory_steps
+                            .iter()
+                            .map(|(label, b)| format!("{label} {}", plan::fmt_bytes(*b)))
+                            .collect();
+                        eprintln!(
+                            "  process VRAM: {}; llama.cpp's buffers {}",
+                            steps.join(", "),
+                            plan::fmt_bytes(row.llama_device_bytes)
+                        );
+                    }
                     rows.push(row);
                 }
                 Err(e) => {

@@ -9,7 +9,9 @@ use pipeshard::bench::lossless::{compare, greedy_trace, GreedyTrace};
 use pipeshard::default_model;
 use pipeshard::engine::{self, Context, ContextParams, FlashAttention, ModelParams};
 
-use super::plan::{plan_for_model, BudgetArgs};
+use pipeshard::launch::{self, PipeshardOptions};
+
+use super::plan::plan_with_bar;
 use super::run::load_with_progress;
 use super::GlobalArgs;
 
@@ -19,7 +21,7 @@ pub struct LosslessArgs {
     #[arg(short = 'm', long = "model", env = "LLAMA_ARG_MODEL")]
     pub model: Option<PathBuf>,
     #[command(flatten)]
-    pub budget: BudgetArgs,
+    pub budget: PipeshardOptions,
     /// Run every host weight's op on the GPU in every tier (streamed), so
     /// that all math runs on the same device as the reference.
     #[arg(long = "stream-all")]
@@ -49,11 +51,6 @@ pub struct LosslessArgs {
     /// The image for --mmproj.
     #[arg(long = "image", requires = "mmproj")]
     pub image: Option<PathBuf>,
-    /// Device slots for the encoder's weights (0: llama.cpp's synchronous
-    /// copy per op); the default is what `run` and `serve` use.
-    #[arg(long = "vision-stream-slots", default_value_t = engine::VisionOptions::BUDGETED_STREAM_SLOTS,
-          value_parser = clap::value_parser!(u32).range(0..=8))]
-    pub vision_stream_slots: u32,
 }
 
 /// Image embeddings of the encoder with its weights streamed from the host
@@ -138,37 +135,38 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
     engine::init(global.backend_dir.as_deref()).context("initialising llama.cpp")?;
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     if let (Some(mmproj), Some(image)) = (&args.mmproj, &args.image) {
-        return compare_image_embeddings(&model_path, mmproj, image, threads, args.vision_stream_slots);
+        return compare_image_embeddings(&model_path, mmproj, image, threads, args.budget.vision_stream_slots);
     }
-    let (mut plan, _) = plan_for_model(
-        &args.budget,
-        &model_path,
-        args.ctx_size as u64,
-        threads,
-        Default::default(),
-        None,
-    )?
-    .context("lossless compares a plan with the full-GPU placement: give --vram-budget or --plan (and a GPU)")?;
-    if args.stream_all {
-        plan.stream_everything();
-    }
-    let applied = pipeshard::plan::apply::apply(&plan)?;
-    let ctx_params = ContextParams {
+    let base_ctx = ContextParams {
         n_ctx: args.ctx_size,
-        n_batch: plan.ubatch.max(512),
-        n_ubatch: plan.ubatch,
         n_threads: Some(threads),
         n_threads_batch: Some(threads),
         flash_attention: FlashAttention::On,
         ..Default::default()
     };
-
-    let trace = |label: &str, mp: ModelParams<'_>, cp: ContextParams| -> Result<GreedyTrace> {
-        let model = load_with_progress(&model_path, mp, label)?;
-        let mut ctx = Context::new(&model, cp).context("creating the context")?;
-        let prompt = model.tokenize(&args.prompt, true, false)?;
-        Ok(greedy_trace(&mut ctx, &prompt, args.n_predict)?)
+    let req = launch::LaunchRequest::new(&model_path, &args.budget, threads, Default::default())?;
+    let mut launched = plan_with_bar(&req, &base_ctx)?
+        .context("lossless compares a plan with the full-GPU placement: give --vram-budget or --plan (and a GPU)")?;
+    if args.stream_all {
+        launched.plan.stream_everything();
+    }
+    let plan = &launched.plan;
+    let ctx_params = ContextParams {
+        n_batch: plan.ubatch.max(512),
+        n_ubatch: plan.ubatch,
+        ..base_ctx
     };
+
+    let trace =
+        |label: &str, mp: ModelParams<'_>, cp: ContextParams, check: Option<&launch::Launch>| -> Result<GreedyTrace> {
+            let model = load_with_progress(&model_path, mp, label)?;
+            let mut ctx = Context::new(&model, cp).context("creating the context")?;
+            if let Some(l) = check {
+                l.verify_loaded(&mut ctx, &[])?;
+            }
+            let prompt = model.tokenize(&args.prompt, true, false)?;
+            Ok(greedy_trace(&mut ctx, &prompt, args.n_predict)?)
+        };
 
     let reference = trace(
         "full GPU",
@@ -177,12 +175,12 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
             ..Default::default()
         },
         ctx_params.clone(),
+        None,
     )?;
     let mut mp = ModelParams::default();
-    applied.configure_model(&mut mp);
     let mut cp = ctx_params;
-    applied.configure_context(&mut cp);
-    let planned = trace("planned", mp, cp)?;
+    launched.install(&mut mp, &mut cp)?;
+    let planned = trace("planned", mp, cp, Some(&launched))?;
 
     let c = compare(&reference, &planned);
     eprintln!(

@@ -1,6 +1,7 @@
 //! Subcommands of the `pipeshard` binary.
 
 mod bench;
+mod fuzz;
 mod lossless;
 mod plan;
 mod run;
@@ -47,6 +48,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// llama.cpp's own server (llama-server's flags), with pipeshard's plan installed at load.
     Serve(serve::ServeArgs),
+    /// Fuzz the model-file path: mutated GGUFs through the full load, crashes and hangs kept.
+    #[command(name = "fuzz-gguf")]
+    FuzzGguf(fuzz::FuzzArgs),
     /// Compare greedy generation under a plan with the full-GPU placement (tokens, max |logit diff|).
     Lossless(lossless::LosslessArgs),
 }
@@ -98,6 +102,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::bench_cmd(&cli.global, args),
         Command::Serve(_) => unreachable!("serve returned above"),
         Command::Lossless(args) => lossless::lossless_cmd(&cli.global, args),
+        Command::FuzzGguf(args) => fuzz::fuzz_cmd(&cli.global, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

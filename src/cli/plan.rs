@@ -5,36 +5,12 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result};
 
 use pipeshard::engine;
-use pipeshard::plan::{self, Format, PlanRequest, Workload};
+use pipeshard::launch::{self, PipeshardOptions};
+use pipeshard::plan::{self, Format, Workload};
 use pipeshard::profile::{self, MachineProfile, ProfileMode};
 use pipeshard::progress;
 
 use super::GlobalArgs;
-
-/// Options shared by everything that plans: `plan`, `run`, `serve`, `bench`.
-#[derive(clap::Args, Clone, Debug)]
-pub struct BudgetArgs {
-    /// Hard VRAM budget, e.g. 4GiB or 2048MiB; `auto` takes the free VRAM minus a margin.
-    #[arg(long = "vram-budget", env = "PIPESHARD_VRAM_BUDGET")]
-    pub vram_budget: Option<String>,
-    /// Machine profile (YAML); default: the one in profiles/ matching this machine, measured on first use.
-    #[arg(long = "profile", env = "PIPESHARD_PROFILE")]
-    pub profile: Option<PathBuf>,
-    /// A saved plan (YAML or JSON from `pipeshard plan`) to use as is.
-    #[arg(long = "plan", env = "PIPESHARD_PLAN")]
-    pub plan: Option<PathBuf>,
-    /// Device slots through which host weights stream to the GPU, copied ahead
-    /// of use on their own stream; 0 plans for llama.cpp's synchronous copy per op.
-    #[arg(long = "stream-slots", env = "PIPESHARD_STREAM_SLOTS", default_value_t = plan::DEFAULT_STREAM_SLOTS,
-          value_parser = clap::value_parser!(u32).range(0..=8))]
-    pub stream_slots: u32,
-    /// Hybrid experts: how many of each token's routed experts the GPU
-    /// computes in decode, copying only those, while the CPU computes the
-    /// others (MoE layers whose experts stay in host memory); 0 turns the
-    /// split off. Default: the cost model's choice.
-    #[arg(long = "hybrid-experts", env = "PIPESHARD_HYBRID_EXPERTS")]
-    pub hybrid_experts: Option<u32>,
-}
 
 /// Speculative decoding with a draft model, with llama.cpp's flags and defaults.
 #[derive(clap::Args, Clone, Debug)]
@@ -111,12 +87,12 @@ impl DraftArgs {
     /// The draft as the planner prices it, if there is one: `auto` lets the
     /// plan choose between the GPU and the CPU. A draft split between them
     /// is planned as if all on the GPU (the larger device memory).
-    pub fn source(&self) -> Result<Option<plan::runtime::DraftSource>> {
+    pub fn source(&self) -> Result<Option<launch::DraftSource>> {
         let on_gpu = match self.draft_ngl.trim() {
             "auto" => None,
             _ => Some(self.n_gpu_layers(None)? != 0),
         };
-        Ok(self.draft_model.as_ref().map(|path| plan::runtime::DraftSource {
+        Ok(self.draft_model.as_ref().map(|path| launch::DraftSource {
             path: path.clone(),
             on_gpu,
             draft_tokens: self.draft_n_max,
@@ -125,31 +101,11 @@ impl DraftArgs {
     }
 }
 
-impl BudgetArgs {
-    /// Whether pipeshard plans the placement (`--vram-budget` or `--plan`).
-    pub fn is_set(&self) -> bool {
-        self.vram_budget.is_some() || self.plan.is_some()
-    }
-
-    /// The budget in bytes, resolving `auto`.
-    pub fn budget_bytes(&self) -> Result<Option<u64>> {
-        match self.vram_budget.as_deref() {
-            None => Ok(None),
-            Some("auto") => {
-                let gpu = engine::first_device(engine::DeviceKind::Gpu).context("--vram-budget auto needs a GPU")?;
-                let margin = (gpu.total_bytes / 20).max(512 << 20);
-                Ok(Some(gpu.free_bytes.saturating_sub(margin)))
-            }
-            Some(s) => Ok(Some(plan::parse_bytes(s)?)),
-        }
-    }
-}
-
 /// Load the profile named on the command line, or the one matching this
 /// machine, measuring it (fast mode, with a progress bar) when none exists.
-pub fn resolve_profile(args: &BudgetArgs, threads: i32) -> Result<MachineProfile> {
+pub fn resolve_profile(args: &PipeshardOptions, threads: i32) -> Result<MachineProfile> {
     let bar = progress::steps_bar(1, "profiling");
-    let p = plan::runtime::machine_profile(args.profile.as_deref(), threads, |done, total| {
+    let p = launch::machine_profile(args.profile.as_deref(), threads, |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     });
@@ -167,29 +123,12 @@ fn measure_with_bar(mode: ProfileMode, threads: i32) -> Result<MachineProfile> {
     Ok(p)
 }
 
-/// The plan for `model` from `--plan` or `--vram-budget`, applied; None
-/// when neither is given (upstream placement, as llama.cpp does it).
-/// `vision` is the device memory of a vision encoder, if any.
-pub fn plan_for_model(
-    args: &BudgetArgs,
-    model: &std::path::Path,
-    n_ctx: u64,
-    threads: i32,
-    vision: plan::runtime::VisionMemory,
-    draft: Option<plan::runtime::DraftSource>,
-) -> Result<Option<(plan::Plan, plan::apply::Applied)>> {
-    let source = plan::runtime::PlanSource {
-        plan_file: args.plan.clone(),
-        budget: args.budget_bytes()?,
-        profile: args.profile.clone(),
-        stream_slots: args.stream_slots,
-        hybrid_gpu_experts: args.hybrid_experts,
-        vision,
-        side_contexts: Vec::new(),
-        draft,
-    };
+/// The plan for `req` in a context made with `cp`, from `--plan` or
+/// `--vram-budget`, with a progress bar while a missing profile is
+/// measured; None when neither is given (upstream placement).
+pub fn plan_with_bar(req: &launch::LaunchRequest<'_>, cp: &engine::ContextParams) -> Result<Option<launch::Launch>> {
     let bar = progress::steps_bar(1, "profiling");
-    let r = plan::runtime::plan_for_model(&source, model, n_ctx, threads, |done, total| {
+    let r = launch::plan_for(req, cp, |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     });
@@ -209,7 +148,7 @@ pub struct PlanArgs {
     #[arg(long = "quant", default_value = "q4_0", requires = "arch")]
     pub quant: String,
     #[command(flatten)]
-    pub budget: BudgetArgs,
+    pub budget: PipeshardOptions,
     #[command(flatten)]
     pub draft: DraftArgs,
     /// Context size in tokens.
@@ -218,6 +157,15 @@ pub struct PlanArgs {
     /// Parallel sequences (each gets ctx-size / np tokens).
     #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
     pub parallel: u32,
+    /// Flash attention: on, off or auto (as llama.cpp's -fa).
+    #[arg(long = "flash-attn", visible_alias = "fa", default_value = "auto")]
+    pub flash_attn: String,
+    /// KV cache type for K (llama.cpp's -ctk).
+    #[arg(long = "cache-type-k", visible_alias = "ctk")]
+    pub cache_type_k: Option<String>,
+    /// KV cache type for V (llama.cpp's -ctv).
+    #[arg(long = "cache-type-v", visible_alias = "ctv")]
+    pub cache_type_v: Option<String>,
     /// Prompt tokens of the workload to optimise for.
     #[arg(long = "prompt-tokens", default_value_t = 4096)]
     pub prompt_tokens: u64,
@@ -234,25 +182,15 @@ pub struct PlanArgs {
     pub threads: Option<i32>,
 }
 
-pub fn make_request(
-    budget: u64,
-    ctx: u64,
-    prompt: u64,
-    gen: u64,
-    ubatch: Option<u32>,
-    stream_slots: u32,
-    hybrid_gpu_experts: Option<u32>,
-) -> PlanRequest {
-    let mut req = PlanRequest::new(budget, ctx);
-    req.workload = Workload {
-        prompt_tokens: prompt,
-        gen_tokens: gen,
-        speculation: None,
-    };
-    req.ubatch = ubatch;
-    req.stream_slots = stream_slots;
-    req.hybrid_gpu_experts = hybrid_gpu_experts;
-    req
+/// KV cache types as llama.cpp's `-ctk`/`-ctv` name them.
+pub fn parse_kv_type(s: &str) -> Result<engine::ffi::ggml_type> {
+    const KV_TYPES: [&str; 9] = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"];
+    let t = pipeshard::gguf::GgmlType::from_name(s)
+        .filter(|t| KV_TYPES.contains(&t.name()))
+        .with_context(|| {
+            format!("unsupported KV cache type {s:?} (f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1)")
+        })?;
+    Ok(t.id() as engine::ffi::ggml_type)
 }
 
 pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
@@ -273,20 +211,36 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     let budget = args.budget.budget_bytes()?.context("--vram-budget is required")?;
     let profile = resolve_profile(&args.budget, threads)?;
-    let req = make_request(
-        budget,
-        args.ctx_size,
-        args.prompt_tokens,
-        args.gen_tokens,
-        args.ubatch,
-        args.budget.stream_slots,
-        args.budget.hybrid_experts,
-    );
-    let _ = args.parallel;
+    // The context the plan is for, as `run` would make it.
+    let cp = engine::ContextParams {
+        n_ctx: args.ctx_size.min(u32::MAX as u64) as u32,
+        n_seq_max: args.parallel.max(1),
+        flash_attention: super::run::parse_flash_attn(&args.flash_attn)?,
+        type_k: args.cache_type_k.as_deref().map(parse_kv_type).transpose()?,
+        type_v: args.cache_type_v.as_deref().map(parse_kv_type).transpose()?,
+        ..Default::default()
+    };
+    let model_path = args.model.clone().unwrap_or_default();
+    let req = launch::LaunchRequest {
+        budget: Some(budget),
+        ubatch: args.ubatch,
+        ..launch::LaunchRequest::new(
+            &model_path,
+            &args.budget,
+            threads,
+            Workload {
+                prompt_tokens: args.prompt_tokens,
+                gen_tokens: args.gen_tokens,
+                speculation: None,
+            },
+        )?
+    };
+    let mut pr = launch::plan_request(&req, &info, &cp, budget);
+    pr.reserve = launch::ProcessOverhead::for_machine(Some(&profile), pr.n_ctx).total();
     // With a model file and a GPU, check the plan with llama.cpp's own reservation.
-    let model = args.model.as_deref().filter(|_| engine::has_gpu());
+    let checked = args.model.as_deref().filter(|_| engine::has_gpu()).map(|m| (m, &cp));
     let draft = args.draft.source()?;
-    let plan = plan::runtime::plan_with_draft(model, &info, &profile, req, draft.as_ref())?;
+    let plan = launch::plan_with_draft(checked, &info, &profile, pr, draft.as_ref())?;
     print!("{}", plan::render(&plan, args.format));
     Ok(())
 }

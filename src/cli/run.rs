@@ -14,7 +14,10 @@ use pipeshard::generate::{
 };
 use pipeshard::{default_model, progress};
 
-use super::plan::{plan_for_model, BudgetArgs, DraftArgs};
+use pipeshard::launch::{self, PipeshardOptions};
+use pipeshard::plan::Workload;
+
+use super::plan::{parse_kv_type, plan_with_bar, DraftArgs};
 use super::GlobalArgs;
 
 /// Load a model with a progress bar labelled `label`.
@@ -100,13 +103,14 @@ pub struct RunArgs {
     /// Run the vision encoder on the CPU (upstream's --no-mmproj-offload).
     #[arg(long = "no-mmproj-offload")]
     pub no_mmproj_offload: bool,
-    /// With a budget: streaming slots for the vision encoder's weights
-    /// (0: llama.cpp's synchronous copies).
-    #[arg(long = "vision-stream-slots", default_value_t = engine::VisionOptions::BUDGETED_STREAM_SLOTS,
-          value_parser = clap::value_parser!(u32).range(0..=8))]
-    pub vision_stream_slots: u32,
+    /// KV cache type for K (llama.cpp's -ctk): f16, q8_0, ...
+    #[arg(long = "cache-type-k", visible_alias = "ctk")]
+    pub cache_type_k: Option<String>,
+    /// KV cache type for V (llama.cpp's -ctv).
+    #[arg(long = "cache-type-v", visible_alias = "ctv")]
+    pub cache_type_v: Option<String>,
     #[command(flatten)]
-    pub budget: BudgetArgs,
+    pub budget: PipeshardOptions,
     #[command(flatten)]
     pub draft: DraftArgs,
 }
@@ -142,9 +146,8 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
     engine::init(global.backend_dir.as_deref()).context("initialising llama.cpp")?;
 
     let threads = args.threads.unwrap_or_else(engine::default_threads);
-    // Device memory used above what was free now, sampled until the end.
-    let sampler =
-        engine::first_device(engine::DeviceKind::Gpu).map(|d| pipeshard::bench::MemorySampler::start(Some(d.index)));
+    // The process's device memory, sampled until the end.
+    let sampler = engine::first_device(engine::DeviceKind::Gpu).map(|d| engine::MemorySampler::start(Some(d.index)));
     let mut model_params = ModelParams {
         n_gpu_layers: args.n_gpu_layers,
         ..Default::default()
@@ -156,25 +159,16 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         n_threads: Some(threads),
         n_threads_batch: Some(threads),
         flash_attention: fa,
+        type_k: args.cache_type_k.as_deref().map(parse_kv_type).transpose()?,
+        type_v: args.cache_type_v.as_deref().map(parse_kv_type).transpose()?,
         ..Default::default()
     };
-    // With a budget, the vision encoder streams its weights from the host
-    // and its peak is budgeted against the language model's compute, not
-    // added to it; without one it runs as upstream's does.
-    let budgeted = args.budget.is_set() && engine::has_gpu() && !args.no_mmproj_offload;
+    let vision_opts = launch::vision_options(&args.budget, args.n_gpu_layers != 0 && !args.no_mmproj_offload, threads);
     let image = match &args.image {
         Some(img) => engine::PeakImage::File(img.clone()),
         None => engine::PeakImage::Largest,
     };
-    let vision_opts = if budgeted {
-        engine::VisionOptions {
-            stream_slots: args.vision_stream_slots,
-            ..engine::VisionOptions::budgeted(threads)
-        }
-    } else {
-        engine::VisionOptions::upstream(args.n_gpu_layers != 0 && !args.no_mmproj_offload, threads)
-    };
-    let vision = pipeshard::plan::runtime::vision_setup(
+    let vision = launch::vision_setup(
         &model_path,
         args.mmproj.as_deref(),
         vision_opts,
@@ -192,38 +186,65 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
             pipeshard::plan::fmt_bytes(v.resident)
         );
     }
-    let plan = plan_for_model(
-        &args.budget,
-        &model_path,
-        args.ctx_size as u64,
-        threads,
-        vision.unwrap_or_default(),
-        args.draft.source()?,
-    )?;
-    if let Some((plan, applied)) = &plan {
+    let chat = args.chat || args.image.is_some();
+    // The plan is for this prompt: its tokens, from the model's vocabulary
+    // alone, before anything is placed.
+    let workload = if args.budget.vram_budget.is_some() && args.budget.plan.is_none() {
+        let vocab = Model::load(
+            &model_path,
+            ModelParams {
+                vocab_only: true,
+                ..Default::default()
+            },
+        )
+        .with_context(|| format!("reading the vocabulary of {}", model_path.display()))?;
+        let text = prompt_text(&vocab, &args, chat)?;
+        let n = vocab.tokenize(&text, !chat || vocab.add_bos(), chat)?.len() as u64;
+        Workload {
+            // An image adds tokens that only its encoder knows.
+            prompt_tokens: if args.image.is_some() {
+                n.max(4096.min(args.ctx_size as u64 / 2))
+            } else {
+                n.max(1)
+            },
+            gen_tokens: args.n_predict as u64,
+            speculation: None,
+        }
+    } else {
+        Workload::default()
+    };
+    let req = launch::LaunchRequest {
+        vision: vision.unwrap_or_default(),
+        draft: args.draft.source()?,
+        ..launch::LaunchRequest::new(&model_path, &args.budget, threads, workload)?
+    };
+    let launched = plan_with_bar(&req, &ctx_params)?;
+    if let Some(l) = &launched {
+        let plan = &l.plan;
         eprintln!(
-            "plan: ubatch {}, {} resident, KV {}/{} layers on GPU, VRAM {} of {}; predicted TTFT {:.3} s and {:.1} tok/s for {}+{} tokens",
+            "plan: ubatch {}, {} resident, KV {}/{} layers on GPU, VRAM {} of {} ({} outside llama.cpp's buffers); predicted TTFT {:.3} s and {:.1} tok/s for {}+{} tokens",
             plan.ubatch,
             pipeshard::plan::fmt_bytes(plan.resident_bytes()),
             plan.kv_gpu_layers,
             plan.n_layer,
             pipeshard::plan::fmt_bytes(plan.vram.total),
             pipeshard::plan::fmt_bytes(plan.vram.budget),
+            pipeshard::plan::fmt_bytes(plan.vram.reserve),
             plan.predicted.ttft_s,
             plan.predicted.decode_tok_s,
             plan.workload.prompt_tokens,
             plan.workload.gen_tokens
         );
-        applied.configure_model(&mut model_params);
-        applied.configure_context(&mut ctx_params);
+        l.install(&mut model_params, &mut ctx_params)?;
     }
+    let plan = launched.as_ref().map(|l| &l.plan);
     if args.draft.draft_model.is_some() && ctx_params.n_outputs_max != 0 {
         // Each verification batch samples every position it holds.
         ctx_params.n_outputs_max = ctx_params.n_outputs_max.max(args.draft.draft_n_max + 1);
     }
 
-    let planned = plan.as_ref().and_then(|(p, _)| p.workload.speculation);
-    if let (Some(w), Some(s)) = (planned, plan.as_ref().and_then(|(p, _)| p.predicted.speculation)) {
+    let planned = plan.and_then(|p| p.workload.speculation);
+    if let (Some(w), Some(s)) = (planned, plan.and_then(|p| p.predicted.speculation)) {
         eprintln!(
             "plan: draft on the {}; speculative steps of {:.1} ms verifying {} tokens, {:.2} tokens per step at the assumed acceptance; {:.1} tok/s without the draft",
             if w.draft_on_gpu { "GPU" } else { "CPU" },
@@ -239,7 +260,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
     let mut ctx = Context::new(&model, ctx_params.clone()).context("creating the context")?;
     // With `auto`, a plan puts the draft where it predicted it pays.
     let draft_ngl = args.draft.n_gpu_layers(planned.as_ref())?;
-    let speculate = match &plan {
+    let speculate = match plan {
         Some(_) if args.draft.draft_model.is_some() && planned.is_none() => {
             eprintln!("plan: the draft model does not pay under this budget; decoding without it");
             false
@@ -273,21 +294,13 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         }
         None => None,
     };
-    if let Some((plan, _)) = &plan {
-        let used: u64 = std::iter::once(&ctx)
-            .chain(draft_ctx.as_ref())
-            .flat_map(|c| c.memory_breakdown())
-            .filter(|m| !m.is_host)
-            .map(|m| m.total())
-            .sum();
-        if used > plan.vram.budget {
-            anyhow::bail!(
-                "the loaded plan uses {} of device memory, over the budget of {}",
-                pipeshard::plan::fmt_bytes(used),
-                pipeshard::plan::fmt_bytes(plan.vram.budget)
-            );
+    let loaded = match &launched {
+        Some(l) => {
+            let others: Vec<&Context<'_>> = draft_ctx.iter().collect();
+            Some(l.verify_loaded(&mut ctx, &others)?)
         }
-    }
+        None => None,
+    };
     let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
 
     let vision = match &args.mmproj {
@@ -301,29 +314,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         (Some(v), Some(img)) => Some(engine::Bitmap::from_file(v, img)?),
         _ => None,
     };
-    let chat = args.chat || image.is_some();
-    let user_text = if image.is_some() {
-        format!("{}\n{}", engine::media_marker(), args.prompt)
-    } else {
-        args.prompt.clone()
-    };
-    let prompt_text = if chat {
-        model.chat_template(None).ok_or(engine::EngineError::NoChatTemplate)?;
-        let mut msgs = Vec::new();
-        if let Some(sys) = &args.system {
-            msgs.push(ChatMessage {
-                role: "system".into(),
-                content: sys.clone(),
-            });
-        }
-        msgs.push(ChatMessage {
-            role: "user".into(),
-            content: user_text,
-        });
-        model.apply_common_chat_template(&msgs, true)?
-    } else {
-        user_text
-    };
+    let prompt_text = prompt_text(&model, &args, chat)?;
     let sampling = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -384,13 +375,14 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
     drop(stdout);
 
     let s = &out.stats;
-    let peak_device = sampler.map(|s| s.stop().0);
+    let peak_device = sampler.map(|s| s.stop());
     if args.json {
         let v = serde_json::json!({
             "model": model_path, "load_ms": load_ms, "stats": s, "image_encode_ms": encode_ms,
             "devices": engine::list_devices(), "memory": ctx.memory_breakdown(),
             "peak_device_bytes": peak_device, "speculation": speculation,
-            "predicted": plan.as_ref().map(|(p, _)| p.predicted),
+            "predicted": plan.map(|p| p.predicted),
+            "loaded_memory": loaded,
         });
         eprintln!("{}", serde_json::to_string(&v)?);
     } else if !args.quiet {
@@ -422,7 +414,15 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
             );
         }
         if let Some(peak) = peak_device {
-            eprintln!("device:   peak {} used", pipeshard::plan::fmt_bytes(peak));
+            eprintln!(
+                "device:   process peak {} ({:?}){}",
+                pipeshard::plan::fmt_bytes(peak.device),
+                peak.source,
+                plan.map_or(String::new(), |p| format!(
+                    ", budget {}",
+                    pipeshard::plan::fmt_bytes(p.vram.budget)
+                ))
+            );
         }
         for m in ctx.memory_breakdown() {
             eprintln!(
@@ -435,4 +435,32 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The prompt as the model reads it: wrapped in its chat template as a user
+/// message (after an optional system message) with `chat`, behind the
+/// media marker when there is an image.
+fn prompt_text(model: &Model, args: &RunArgs, chat: bool) -> Result<String> {
+    let user_text = if args.image.is_some() {
+        format!("{}\n{}", engine::media_marker(), args.prompt)
+    } else {
+        args.prompt.clone()
+    };
+    if !chat {
+        return Ok(user_text);
+    }
+    model.chat_template(None).ok_or(engine::EngineError::NoChatTemplate)?;
+    let mut msgs = Vec::new();
+    if let Some(sys) = &args.system {
+        msgs.push(ChatMessage {
+            role: "system".into(),
+            content: sys.clone(),
+        });
+    }
+    msgs.push(ChatMessage {
+        role: "user".into(),
+        content: user_text,
+    });
+    // common's chat templates: what llama.cpp's server renders with.
+    Ok(model.apply_common_chat_template(&msgs, true)?)
 }

@@ -13,6 +13,15 @@ use super::error::{EngineError, Result};
 use super::ffi;
 
 static INIT: OnceLock<Result<Vec<Device>, String>> = OnceLock::new();
+static AT_INIT: OnceLock<Option<u64>> = OnceLock::new();
+
+/// The process's device memory (NVML) right after [`init`] loaded the
+/// backends and the GPU's context exists, before any model: the CUDA
+/// context and what the backends allocate up front. None without NVML or
+/// a GPU.
+pub fn process_bytes_at_init() -> Option<u64> {
+    AT_INIT.get().copied().flatten()
+}
 
 /// A compute device that ggml found after loading the backend modules.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -93,7 +102,11 @@ fn init_with(backend_dir: Option<&Path>, log_to_tracing_too: bool) -> Result<Vec
                 ffi::ggml_log_set(Some(log_to_tracing), std::ptr::null_mut());
             }
         }
+        // The cards' memory before our CUDA context exists: the process
+        // figure's fallback where NVML does not list this PID.
+        super::nvml::take_baseline();
         let dirs = candidate_dirs(backend_dir);
+        let mut loaded_from = None;
         for dir in &dirs {
             if !dir.is_dir() {
                 continue;
@@ -117,12 +130,21 @@ fn init_with(backend_dir: Option<&Path>, log_to_tracing_too: bool) -> Result<Vec
             }
             // SAFETY: plain query.
             if unsafe { ffi::ggml_backend_dev_count() } > 0 {
+                loaded_from = Some(dir.clone());
                 break;
             }
         }
         // SAFETY: plain initialisation call, made once.
         unsafe { ffi::llama_backend_init() };
         let devices = list_devices();
+        if devices.iter().any(|d| d.kind == DeviceKind::Gpu) {
+            if let Some(bytes) = super::cuda_limits::stack_bytes(loaded_from.as_deref()) {
+                let n = super::cuda_limits::set_stack_bytes(bytes);
+                tracing::debug!("CUDA stack: {bytes} bytes per thread on {n} device(s)");
+            }
+        }
+        let gpu = devices.iter().any(|d| d.kind == DeviceKind::Gpu);
+        AT_INIT.get_or_init(|| gpu.then(super::process_device_bytes).flatten().map(|(b, _)| b));
         if devices.is_empty() {
             let searched: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
             return Err(searched.join(", "));

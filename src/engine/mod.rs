@@ -13,10 +13,13 @@
 
 mod backend;
 mod context;
+mod cuda_limits;
 mod error;
 pub mod ffi;
 mod memory;
+mod memory_sampler;
 mod model;
+pub mod nvml;
 pub mod opbench;
 mod output_embeddings;
 mod placement;
@@ -24,10 +27,14 @@ mod sampler;
 mod server;
 mod vision;
 
-pub use backend::{device_free_bytes, first_device, has_gpu, init, init_keep_log, list_devices, Device, DeviceKind};
+pub use backend::{
+    device_free_bytes, first_device, has_gpu, init, init_keep_log, list_devices, process_bytes_at_init, Device,
+    DeviceKind,
+};
 pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAttention};
 pub use error::{EngineError, Result};
 pub use memory::{buffer_types, device_buffer_types, dry_run_device_bytes, BufferType, MemoryBreakdown};
+pub use memory_sampler::{current_rss, process_device_bytes, MemoryPeaks, MemorySampler, MemorySource};
 pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
 pub use placement::{
     stream_schedule, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery, OpKind, StreamStep, TensorPlacement,

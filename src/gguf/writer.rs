@@ -203,7 +203,7 @@ impl GgufWriter {
         for (k, v) in &self.metadata {
             put_str(&mut h, k);
             h.extend_from_slice(&v.value_type().id().to_le_bytes());
-            put_value(&mut h, v);
+            encode_value(&mut h, v);
             if h.len() > 1 << 24 {
                 out.write_all(&h)?;
                 h.clear();
@@ -244,7 +244,9 @@ fn put_str(h: &mut Vec<u8>, s: &str) {
     h.extend_from_slice(s.as_bytes());
 }
 
-fn put_value(h: &mut Vec<u8>, v: &GgufValue) {
+/// A value's bytes as GGUF stores them (after its type id): little-endian
+/// scalars, length-prefixed strings, typed and counted arrays.
+pub fn encode_value(h: &mut Vec<u8>, v: &GgufValue) {
     match v {
         GgufValue::U8(x) => h.push(*x),
         GgufValue::I8(x) => h.push(*x as u8),

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::gguf::{ModelInfo, ModelTensor, TensorRole};
+use crate::gguf::{GgmlType, ModelInfo, ModelTensor, TensorRole};
 use crate::profile::{Device, MachineProfile};
 
 /// Where a weight-using op runs for one tier.
@@ -49,6 +49,11 @@ impl Streaming {
         }
     }
 }
+
+/// Batches from this size on compute a host-KV layer's attention on the
+/// GPU (their query projections run there); ggml offloads host-weight ops
+/// from the same size (`GGML_OP_OFFLOAD_MIN_BATCH`).
+pub const GPU_ATTENTION_MIN_BATCH: u64 = 32;
 
 /// Fixed costs the profile cannot measure per op.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -313,7 +318,17 @@ impl<'a> CostModel<'a> {
         weights + attention + self.model.n_layer as f64 * self.overheads.layer_s
     }
 
-    /// Attention (flash attention over the KV cache) for one layer.
+    /// Attention (flash attention over the KV cache) for one layer: a
+    /// ubatch of `n` tokens against `n_kv` cells (the middle of the ubatch).
+    ///
+    /// A layer whose KV cache is in host memory computes a prompt chunk's
+    /// attention on the GPU all the same: its queries come from projections
+    /// that run there, so ggml's scheduler puts the attention beside them
+    /// and first copies the K and V cells in use from the (pageable) host
+    /// cache, synchronously. Only small batches, whose projections run on
+    /// the CPU, attend on the CPU. (Priced on the CPU, a 16k-token prompt
+    /// of R1 with half its KV cache in host memory was predicted at 62 s
+    /// and took 3.2 s on the H200, bench/results/h200-session7/z6.)
     pub fn attention_seconds(&self, layer: u32, n: u64, n_kv: u64, kv_on_gpu: bool) -> f64 {
         let n_head = self.model.n_head.get(layer as usize).copied().unwrap_or(0) as u64;
         if n_head == 0 {
@@ -323,8 +338,22 @@ impl<'a> CostModel<'a> {
             (true, Some(w)) => n_kv.min(w),
             _ => n_kv,
         };
-        let device = if kv_on_gpu { Device::Gpu } else { Device::Cpu };
-        self.profile
-            .attention_seconds(device, self.model.head_dim_k, n_head, n, n_kv)
+        let on = |device| {
+            self.profile
+                .attention_seconds(device, self.model.head_dim_k, n_head, n, n_kv)
+        };
+        if kv_on_gpu {
+            return on(Device::Gpu);
+        }
+        if n < GPU_ATTENTION_MIN_BATCH || !self.profile.has_gpu() {
+            return on(Device::Cpu);
+        }
+        let per_token = self
+            .model
+            .kv_bytes_per_token(layer, GgmlType::F16, GgmlType::F16)
+            .unwrap_or(0);
+        let copied = per_token * (n_kv + n / 2);
+        let pageable = self.profile.link.as_ref().map_or(f64::INFINITY, |l| l.h2d_pageable);
+        on(Device::Gpu) + copied as f64 / pageable
     }
 }

@@ -14,7 +14,6 @@ pub mod cost;
 mod evaluate;
 mod optimizer;
 mod report;
-pub mod runtime;
 
 pub use cost::{CostModel, Exec, Overheads, Streaming};
 pub use evaluate::{predict, Evaluator};
@@ -118,6 +117,9 @@ pub struct PlanRequest {
     pub ubatch: Option<u32>,
     pub type_k: GgmlType,
     pub type_v: GgmlType,
+    /// Flash attention; without it each layer's attention holds its scores
+    /// for the whole context in the compute buffer.
+    pub flash_attention: bool,
     /// Rotating device slots for weights streamed with copies overlapped
     /// with compute (patch 0003); 0 plans for llama.cpp's synchronous copy
     /// per op, which holds the streamed weights in the compute buffer.
@@ -130,7 +132,7 @@ pub struct PlanRequest {
     /// [`VramBreakdown::vision_peak`]); 0 without one.
     pub vision_peak: u64,
     /// Correction of the analytic compute-buffer estimate, from a dry run
-    /// ([`runtime::make_measured_plan`]); 1.0 uses the estimate as is.
+    /// ([`crate::launch::make_measured_plan`]); 1.0 uses the estimate as is.
     pub compute_scale: f64,
     pub overheads: Overheads,
     /// Hybrid experts: how many of each token's routed experts the GPU
@@ -160,6 +162,7 @@ impl PlanRequest {
             ubatch: None,
             type_k: GgmlType::F16,
             type_v: GgmlType::F16,
+            flash_attention: true,
             stream_slots: DEFAULT_STREAM_SLOTS,
             pinned: true,
             reserve: 160 << 20,
@@ -405,7 +408,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, PlanError> {
 }
 
 /// Norms, biases and other small tensors, which stay resident with their layer.
-pub(crate) fn small_bytes(model: &ModelInfo) -> u64 {
+pub fn small_bytes(model: &ModelInfo) -> u64 {
     model
         .tensors
         .iter()
@@ -415,7 +418,7 @@ pub(crate) fn small_bytes(model: &ModelInfo) -> u64 {
 }
 
 /// KV cache bytes for the last `gpu_layers` layers at `n_ctx` tokens.
-pub(crate) fn kv_bytes(model: &ModelInfo, req: &PlanRequest, gpu_layers: u32) -> u64 {
+pub fn kv_bytes(model: &ModelInfo, req: &PlanRequest, gpu_layers: u32) -> u64 {
     let n_ctx = req.n_ctx.div_ceil(256) * 256;
     (model.n_layer - gpu_layers..model.n_layer)
         .map(|l| {
@@ -429,10 +432,18 @@ pub(crate) fn kv_bytes(model: &ModelInfo, req: &PlanRequest, gpu_layers: u32) ->
         .sum()
 }
 
+/// Attention scores without flash attention: a ubatch of `u` tokens
+/// against the whole (padded) context, for every head, in F32, and the
+/// softmax beside them.
+pub(crate) fn attention_scores_bytes(model: &ModelInfo, u: u64, n_ctx: u64) -> u64 {
+    let n_head = model.n_head.iter().copied().max().unwrap_or(0) as u64;
+    u * n_ctx.div_ceil(256) * 256 * n_head * 4 * 2
+}
+
 /// Compute-buffer estimate for a ubatch of `u` tokens on the GPU: the
 /// activations of one layer plus the largest set of weights one layer
 /// streams through the compute buffer.
-pub(crate) fn compute_bytes(model: &ModelInfo, u: u64, streamed_layer_bytes: u64) -> u64 {
+pub fn compute_bytes(model: &ModelInfo, u: u64, streamed_layer_bytes: u64) -> u64 {
     let n_ff = model
         .n_ff
         .iter()

@@ -9,7 +9,10 @@
 
 use super::cost::{is_placeable, CostModel, Streaming};
 use super::evaluate::Evaluator;
-use super::{compute_bytes, kv_bytes, small_bytes, Plan, PlanError, PlanRequest, PlannedTensor, VramBreakdown};
+use super::{
+    attention_scores_bytes, compute_bytes, kv_bytes, small_bytes, Plan, PlanError, PlanRequest, PlannedTensor,
+    VramBreakdown,
+};
 use crate::gguf::{ModelInfo, TensorRole};
 use crate::profile::MachineProfile;
 
@@ -85,7 +88,13 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
     for &u in &ubatches {
         for &kv_layers in &kv_steps {
             let kv = kv_bytes(model, req, kv_layers);
-            let compute = (compute_bytes(model, u as u64, in_compute) as f64 * req.compute_scale) as u64 + small_bytes;
+            let scores = if req.flash_attention {
+                0
+            } else {
+                attention_scores_bytes(model, u as u64, req.n_ctx)
+            };
+            let compute =
+                ((compute_bytes(model, u as u64, in_compute) + scores) as f64 * req.compute_scale) as u64 + small_bytes;
             let fixed = kv + req.reserve;
             let ev = Evaluator::new(model, &cm, req.workload, u, kv_layers);
             let sizes: Vec<u64> = ev.tensors.iter().map(|&i| model.tensors[i].cuda_alloc_size()).collect();

@@ -330,6 +330,7 @@ pub fn measure(
         cpu_mem_bw,
         link,
         gpu_memory,
+        process_context_bytes: crate::engine::process_bytes_at_init(),
         matmul,
         attention,
     };

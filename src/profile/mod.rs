@@ -152,6 +152,12 @@ pub struct MachineProfile {
     /// Free and total device memory when measured, bytes.
     #[serde(default)]
     pub gpu_memory: Option<(u64, u64)>,
+    /// The process's device memory (NVML) once the GPU backend is up and
+    /// before any model is loaded: the CUDA context and what the backend
+    /// allocates up front. Planning on another machine budgets this for the
+    /// process; a run on this one measures its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_context_bytes: Option<u64>,
     pub matmul: Vec<MatmulSample>,
     pub attention: Vec<AttnSample>,
 }
@@ -447,6 +453,7 @@ mod tests {
             cpu_mem_bw: 1e10,
             link: None,
             gpu_memory: None,
+            process_context_bytes: None,
             matmul: vec![
                 sample(Device::Cpu, "q4_0", 1, 1e-4),
                 sample(Device::Cpu, "q4_0", 32, 1e-3),

@@ -16,7 +16,7 @@ mod report;
 
 use std::path::PathBuf;
 
-pub use options::{split_args, Budget, ServerOptions, HELP};
+pub use options::{split_args, ServerOptions, HELP};
 pub use plan::{installed, Installed};
 pub use report::{metrics_text, props_json};
 
@@ -29,15 +29,11 @@ pub enum ServeError {
     Options(String),
     #[error("loading the ggml backends: {0}")]
     Backends(#[from] engine::EngineError),
-    #[error("--vram-budget auto needs a GPU, and no GPU backend is loaded")]
-    AutoBudgetNoGpu,
     #[error("planning {}: {source}", model.display())]
     Plan {
         model: PathBuf,
-        source: crate::plan::runtime::RuntimeError,
+        source: crate::launch::LaunchError,
     },
-    #[error("reading {}: {message}", model.display())]
-    Model { model: PathBuf, message: String },
     #[error("the installed plan's lock was poisoned by a panic")]
     Poisoned,
 }
@@ -61,9 +57,13 @@ pub fn serve(program: &str, opts: ServerOptions, upstream: &[String]) -> Result<
         let hook_opts = opts.clone();
         engine::set_projector_hook(Box::new(move |path, p| plan::on_projector(&hook_opts, path, p)));
         // pipeshard's field in /props and gauges in /metrics (with --metrics).
-        let budget = match opts.vram_budget {
-            Some(Budget::Bytes(b)) => Some(b),
-            _ => None,
+        // `auto` resolves when the model loads; the plan reports it then.
+        let budget = match opts.pipeshard.budgets() {
+            Ok(b) => match b.as_slice() {
+                [crate::launch::BudgetSpec::Bytes(b)] => Some(*b),
+                _ => None,
+            },
+            Err(e) => return Err(ServeError::Options(e.to_string())),
         };
         engine::set_server_reports(
             "pipeshard",

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::{engine, plan};
+use crate::launch;
 
 /// The options pipeshard takes itself; every other argument, and every
 /// `LLAMA_ARG_*` variable, is llama-server's.
@@ -17,27 +17,10 @@ use crate::{engine, plan};
     disable_version_flag = true
 )]
 pub struct ServerOptions {
-    /// Hard VRAM budget, e.g. 4GiB or 2048MiB; `auto` takes the free VRAM minus a margin.
-    #[arg(long = "vram-budget", env = "PIPESHARD_VRAM_BUDGET", value_parser = parse_budget)]
-    pub vram_budget: Option<Budget>,
-    /// Machine profile (YAML); default: the one matching this machine, measured on first use.
-    #[arg(long = "profile", env = "PIPESHARD_PROFILE")]
-    pub profile: Option<PathBuf>,
-    /// A saved plan (YAML or JSON from `pipeshard plan`) to use as is.
-    #[arg(long = "plan", env = "PIPESHARD_PLAN")]
-    pub plan: Option<PathBuf>,
-    /// Device slots through which host weights stream to the GPU (0: llama.cpp's synchronous copy per op).
-    #[arg(long = "stream-slots", env = "PIPESHARD_STREAM_SLOTS", default_value_t = plan::DEFAULT_STREAM_SLOTS,
-          value_parser = clap::value_parser!(u32).range(0..=8))]
-    pub stream_slots: u32,
-    /// Routed experts per token the GPU computes in decode (MoE layers whose experts stay in host memory); 0 off.
-    #[arg(long = "hybrid-experts", env = "PIPESHARD_HYBRID_EXPERTS")]
-    pub hybrid_experts: Option<u32>,
-    /// With a budget: streaming slots for the vision encoder's weights.
-    #[arg(long = "vision-stream-slots", env = "PIPESHARD_VISION_STREAM_SLOTS",
-          default_value_t = engine::VisionOptions::BUDGETED_STREAM_SLOTS,
-          value_parser = clap::value_parser!(u32).range(0..=8))]
-    pub vision_stream_slots: u32,
+    /// The options every pipeshard command takes (budget, plan, profile,
+    /// streaming slots, hybrid experts, vision streaming slots).
+    #[command(flatten)]
+    pub pipeshard: launch::PipeshardOptions,
     /// The chance the plan assumes that each draft token (`-md`) is accepted.
     #[arg(long = "draft-acceptance", env = "PIPESHARD_DRAFT_ACCEPTANCE", default_value_t = 0.7,
           value_parser = parse_probability)]
@@ -45,25 +28,6 @@ pub struct ServerOptions {
     /// Directory with ggml backend modules (libggml-cpu.so, libggml-cuda.so).
     #[arg(long = "backend-dir", env = "PIPESHARD_BACKEND_DIR")]
     pub backend_dir: Option<PathBuf>,
-}
-
-/// `--vram-budget`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Budget {
-    Bytes(u64),
-    /// The GPU's free memory minus a margin, when the model loads.
-    Auto,
-}
-
-fn parse_budget(s: &str) -> Result<Budget, String> {
-    if s.trim() == "auto" {
-        return Ok(Budget::Auto);
-    }
-    match plan::parse_bytes(s) {
-        Ok(0) => Err("a budget of 0 bytes leaves nothing for the model".into()),
-        Ok(b) => Ok(Budget::Bytes(b)),
-        Err(e) => Err(e.to_string()),
-    }
 }
 
 fn parse_probability(s: &str) -> Result<f64, String> {
@@ -136,12 +100,12 @@ impl ServerOptions {
     /// Whether pipeshard places the model (a budget or a saved plan);
     /// otherwise the server is upstream's in every respect.
     pub fn plans(&self) -> bool {
-        self.vram_budget.is_some() || self.plan.is_some()
+        self.pipeshard.is_set()
     }
 
     /// Files the options name that do not exist.
     pub fn check_files(&self) -> Result<(), String> {
-        for (flag, path) in [("--plan", &self.plan), ("--profile", &self.profile)] {
+        for (flag, path) in [("--plan", &self.pipeshard.plan), ("--profile", &self.pipeshard.profile)] {
             if let Some(p) = path {
                 if !p.is_file() {
                     return Err(format!("{flag} {}: no such file", p.display()));
@@ -181,8 +145,8 @@ mod tests {
         assert_eq!(own, strings(&["--vram-budget", "4GiB", "--stream-slots=2"]));
         assert_eq!(up, strings(&["-m", "x.gguf", "-c", "4096", "--port", "8080"]));
         let o = ServerOptions::parse(&own).unwrap();
-        assert_eq!(o.vram_budget, Some(Budget::Bytes(4 << 30)));
-        assert_eq!(o.stream_slots, 2);
+        assert_eq!(o.pipeshard.budget_bytes().unwrap(), Some(4 << 30));
+        assert_eq!(o.pipeshard.stream_slots, 2);
         assert!(o.plans());
     }
 

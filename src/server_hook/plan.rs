@@ -4,14 +4,14 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use super::options::{Budget, ServerOptions};
+use super::options::ServerOptions;
 use super::ServeError;
 use crate::engine::{
     self, ContextParams, LoadDecision, LoadRequest, LoadRole, ModelParams, OffloadQuery, PeakImage, ProjectorParams,
     VisionOptions,
 };
-use crate::plan::runtime::{self, DraftSource, PlanSource};
-use crate::plan::{self, Plan};
+use crate::launch;
+use crate::plan::{self, Plan, Workload};
 
 /// What the server's plan decided, for later loads (the draft) and for
 /// reports (/props, /metrics).
@@ -65,9 +65,9 @@ pub fn on_load(
 }
 
 /// The one place the server turns options and upstream's parameters into
-/// an installed plan (`None`: no budget and no plan, upstream placement).
-// TODO(launch): call launch's planner with `mp`/`cp` as they are, once it
-// lands; it plans for n_seq_max, KV types and flash attention too.
+/// an installed plan (`None`: no budget and no plan, upstream placement):
+/// the launch path every command takes, for the context upstream will
+/// create (its length, sequences, ubatch, KV types, flash attention).
 fn plan_target(
     opts: &ServerOptions,
     req: &LoadRequest,
@@ -77,68 +77,50 @@ fn plan_target(
     if !opts.plans() {
         return Ok(None);
     }
-    let budget = match opts.vram_budget {
-        None => None,
-        Some(Budget::Bytes(b)) => Some(b),
-        Some(Budget::Auto) => {
-            let gpu = engine::first_device(engine::DeviceKind::Gpu).ok_or(ServeError::AutoBudgetNoGpu)?;
-            Some(gpu.free_bytes.saturating_sub((gpu.total_bytes / 20).max(512 << 20)))
-        }
+    let plan_err = |model: &Path| {
+        let model = model.to_path_buf();
+        move |source| ServeError::Plan { model, source }
     };
-    let n_ctx = context_length(&req.model, cp.n_ctx)?;
     let threads = cp.n_threads.unwrap_or_else(engine::default_threads);
+    let mut launch_req = launch::LaunchRequest::new(&req.model, &opts.pipeshard, threads, Workload::default())
+        .map_err(plan_err(&req.model))?;
     // The vision encoder's peak, measured for the largest image it takes,
     // when the projector runs pipeshard's way (see `on_projector`).
-    let vision = match (&req.mmproj, *VISION.lock().map_err(|_| ServeError::Poisoned)?, budget) {
-        (Some(mmproj), Some(mut v), Some(_)) => {
-            v.threads = threads;
-            runtime::vision_setup(&req.model, Some(mmproj), v, true, &PeakImage::Largest)
-                .map_err(|source| ServeError::Plan {
-                    model: mmproj.clone(),
-                    source,
-                })?
-                .unwrap_or_default()
-        }
-        _ => Default::default(),
-    };
-    let source = PlanSource {
-        plan_file: opts.plan.clone(),
-        budget,
-        profile: opts.profile.clone(),
-        stream_slots: opts.stream_slots,
-        hybrid_gpu_experts: opts.hybrid_experts,
-        vision,
-        draft: req.draft.clone().map(|path| DraftSource {
-            path,
-            on_gpu: None,
-            draft_tokens: DRAFT_N_MAX,
-            acceptance: opts.draft_acceptance,
-        }),
-        ..Default::default()
-    };
-    let planned =
-        runtime::plan_for_model(&source, &req.model, n_ctx, threads, |_, _| {}).map_err(|source| ServeError::Plan {
-            model: req.model.clone(),
-            source,
-        })?;
-    let Some((plan, applied)) = planned else {
+    if let (Some(mmproj), Some(mut v), Some(_)) = (
+        &req.mmproj,
+        *VISION.lock().map_err(|_| ServeError::Poisoned)?,
+        launch_req.budget,
+    ) {
+        v.threads = threads;
+        launch_req.vision = launch::vision_setup(&req.model, Some(mmproj), v, true, &PeakImage::Largest)
+            .map_err(plan_err(mmproj))?
+            .unwrap_or_default();
+    }
+    launch_req.draft = req.draft.clone().map(|path| launch::DraftSource {
+        path,
+        on_gpu: None,
+        draft_tokens: DRAFT_N_MAX,
+        acceptance: opts.draft_acceptance,
+    });
+    let Some(launched) = launch::plan_for(&launch_req, cp, |_, _| {}).map_err(plan_err(&req.model))? else {
         return Ok(None);
     };
     let upstream_outputs = cp.n_outputs_max;
-    applied.configure_model(mp);
-    applied.configure_context(cp);
+    launched.install(mp, cp).map_err(plan_err(&req.model))?;
     // Upstream sizes its outputs for what it samples (speculative checks);
     // never fewer than that.
     if upstream_outputs != 0 {
         cp.n_outputs_max = cp.n_outputs_max.max(upstream_outputs);
     }
+    let plan = launched.plan;
     tracing::info!(
-        "pipeshard plan for {}: ubatch {}, {} of weights resident, VRAM {} of {}, {} stream slots, predicted {:.1} tok/s",
+        "pipeshard plan for {}: ubatch {}, {} of weights resident, VRAM {} of {} ({} outside llama.cpp's buffers), {} stream slots, predicted {:.1} tok/s",
         req.model.display(),
         plan.ubatch,
         plan::fmt_bytes(plan.resident_bytes()),
         plan::fmt_bytes(plan.vram.total),
         plan::fmt_bytes(plan.vram.budget),
+        plan::fmt_bytes(plan.vram.reserve),
         plan.stream_slots,
         plan.predicted.decode_tok_s,
     );
@@ -152,10 +134,11 @@ fn plan_target(
     }
     super::report::start_peak_sampler();
     let draft_on_gpu = plan.workload.speculation.map(|s| s.draft_on_gpu);
+    let from_file = opts.pipeshard.plan.is_some();
     Ok(Some(Installed {
+        budget: (!from_file).then_some(launched.budget),
         plan,
-        budget: if opts.plan.is_some() { None } else { budget },
-        from_file: opts.plan.is_some(),
+        from_file,
         draft_on_gpu,
     }))
 }
@@ -173,10 +156,10 @@ pub fn on_projector(opts: &ServerOptions, path: &Path, p: &mut ProjectorParams) 
         return;
     }
     p.weights_on_host = true;
-    p.stream_slots = opts.vision_stream_slots;
+    p.stream_slots = opts.pipeshard.vision_stream_slots;
     engine::set_media_release_compute(true);
     let mut v = VisionOptions::budgeted(engine::default_threads());
-    v.stream_slots = opts.vision_stream_slots;
+    v.stream_slots = opts.pipeshard.vision_stream_slots;
     if let Ok(mut g) = VISION.lock() {
         *g = Some(v);
     }
@@ -189,16 +172,3 @@ pub fn on_projector(opts: &ServerOptions, path: &Path, p: &mut ProjectorParams) 
 
 /// Upstream's default `--spec-draft-n-max`.
 const DRAFT_N_MAX: u32 = 3;
-
-/// The context length upstream will create: `n_ctx`, or the model's
-/// training length when it is 0.
-fn context_length(model: &Path, n_ctx: u32) -> Result<u64, ServeError> {
-    if n_ctx != 0 {
-        return Ok(n_ctx as u64);
-    }
-    let (_, info) = crate::gguf::inspect(model).map_err(|e| ServeError::Model {
-        model: model.to_path_buf(),
-        message: e.to_string(),
-    })?;
-    Ok(info.n_ctx_train.unwrap_or(4096))
-}

@@ -21,9 +21,13 @@ pub(crate) fn note_ubatch(n_tokens: i64) {
     LAST_UBATCH_TOKENS.store(n_tokens.max(0) as u64, Relaxed);
 }
 
-/// Device memory in use on the first GPU, bytes (0 without one).
+/// The process's device memory as NVML reports it (what nvidia-smi shows),
+/// bytes; without NVML, what the first GPU has in use (0 without one).
 fn gpu_used() -> u64 {
-    engine::first_device(engine::DeviceKind::Gpu).map_or(0, |d| d.total_bytes.saturating_sub(d.free_bytes))
+    match engine::process_device_bytes() {
+        Some((b, _)) => b,
+        None => engine::first_device(engine::DeviceKind::Gpu).map_or(0, |d| d.total_bytes.saturating_sub(d.free_bytes)),
+    }
 }
 
 /// Sample the GPU's memory in use every 20 ms for the peak gauge, for the
@@ -91,12 +95,12 @@ pub fn metrics_text(budget: Option<u64>) -> String {
         ),
         (
             "pipeshard_vram_used_bytes",
-            "Device memory in use on the GPU, bytes.",
+            "The process's device memory as NVML reports it (what nvidia-smi shows; without NVML, the GPU's memory in use), bytes.",
             gpu_used(),
         ),
         (
             "pipeshard_vram_peak_bytes",
-            "Most device memory in use on the GPU since the plan was installed (sampled every 20 ms), bytes.",
+            "Most device memory of the process (as pipeshard_vram_used_bytes) since the plan was installed, sampled every 20 ms, bytes.",
             PEAK_USED.load(Relaxed),
         ),
         (

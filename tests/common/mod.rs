@@ -68,6 +68,7 @@ pub fn cpu_only_profile() -> pipeshard::profile::MachineProfile {
         cpu_mem_bw: 1e10,
         link: None,
         gpu_memory: None,
+        process_context_bytes: None,
         matmul: vec![
             sample("q4_0", 1, 1e-4),
             sample("q4_0", 16, 1e-3),

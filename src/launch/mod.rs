@@ -1,0 +1,263 @@
+//! One path from options to a running plan, for every command and for the
+//! server's load hook: pipeshard's options and the final model and context
+//! parameters go in; a plan priced for exactly those parameters (context
+//! length, sequences, KV types, flash attention, the work it will run)
+//! comes out, checked with llama.cpp's own no-alloc reservation, ready to
+//! install; after loading, [`Launch::verify_loaded`] holds the process to
+//! its budget.
+//!
+//! ```text
+//! options ──► plan_for(model, params, workload) ──► Launch::install(params)
+//!                                                   └─► load ─► Launch::verify_loaded
+//! ```
+
+mod check;
+mod draft;
+mod options;
+mod overhead;
+mod vision;
+
+pub use check::{dry_run_bytes, llama_device_bytes, make_measured_plan, verify, warm_up, LoadedMemory};
+pub use draft::{draft_cost, plan_with_draft, DraftCost, DraftSource, DRAFT_UBATCH};
+pub use options::{BudgetSpec, PipeshardOptions};
+pub use overhead::{OverheadSource, ProcessOverhead, ASSUMED_CONTEXT_BYTES, RUNTIME_BYTES, RUNTIME_BYTES_PER_TOKEN};
+pub use vision::{vision_memory, vision_options, vision_setup, VisionMemory};
+
+use std::path::{Path, PathBuf};
+
+use crate::engine::{self, ContextParams, FlashAttention, ModelParams};
+use crate::gguf::{GgmlType, ModelInfo};
+use crate::plan::apply::{apply, Applied, ApplyError};
+use crate::plan::{fmt_bytes, Plan, PlanError, PlanRequest, Workload};
+use crate::profile::{self, MachineProfile, ProfileError, ProfileKey, ProfileMode};
+
+/// Why a model cannot be launched as asked.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("{0}")]
+    Options(String),
+    #[error("--vram-budget auto needs a GPU")]
+    AutoNeedsGpu,
+    #[error("reading the plan {path}: {source}")]
+    PlanIo { path: PathBuf, source: std::io::Error },
+    #[error("parsing the plan {path}: {message}")]
+    PlanParse { path: PathBuf, message: String },
+    #[error("reading {path}: {source}")]
+    Model {
+        path: PathBuf,
+        source: Box<crate::gguf::InspectError>,
+    },
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
+    #[error(
+        "no GPU backend is loaded, so there is nothing to plan for (pass --profile to plan for another machine, or --backend-dir with libggml-cuda.so)"
+    )]
+    NoGpu,
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    #[error("checking the plan with llama.cpp: {0}")]
+    Engine(#[from] engine::EngineError),
+    #[error(
+        "over the VRAM budget: {what} come to {used}, over the budget of {budget}",
+        used = fmt_bytes(*used),
+        budget = fmt_bytes(*budget)
+    )]
+    OverBudget { what: String, used: u64, budget: u64 },
+}
+
+/// What to plan for, beside the model and context parameters.
+#[derive(Debug, Clone)]
+pub struct LaunchRequest<'a> {
+    pub model: &'a Path,
+    pub options: &'a PipeshardOptions,
+    /// The budget for the process's device memory, resolved; None: upstream
+    /// placement unless `options` names a saved plan.
+    pub budget: Option<u64>,
+    /// CPU threads (selects the profile).
+    pub threads: i32,
+    /// The work the plan is optimised for: the real prompt where it is known.
+    pub workload: Workload,
+    /// A fixed ubatch instead of the planner's choice.
+    pub ubatch: Option<u32>,
+    /// The vision encoder's device memory, when the plan budgets it.
+    pub vision: VisionMemory,
+    /// A draft model for speculative decoding, run beside this one.
+    pub draft: Option<DraftSource>,
+    /// Contexts beside the main one that share the model (their length in
+    /// tokens): each holds its own KV cache and compute buffers.
+    pub side_contexts: Vec<u64>,
+}
+
+impl<'a> LaunchRequest<'a> {
+    /// A request for `model` with `options`' own budget and `workload`.
+    pub fn new(
+        model: &'a Path,
+        options: &'a PipeshardOptions,
+        threads: i32,
+        workload: Workload,
+    ) -> Result<Self, LaunchError> {
+        Ok(LaunchRequest {
+            model,
+            options,
+            budget: options.budget_bytes()?,
+            threads,
+            workload,
+            ubatch: None,
+            vision: VisionMemory::default(),
+            draft: None,
+            side_contexts: Vec::new(),
+        })
+    }
+}
+
+/// A plan ready to install, with what it was made against.
+pub struct Launch {
+    pub plan: Plan,
+    /// The budget for the process's device memory.
+    pub budget: u64,
+    /// The process's memory outside llama.cpp's buffers that the plan budgets.
+    pub overhead: ProcessOverhead,
+}
+
+impl Launch {
+    /// Put the plan into the parameters the model and context are made
+    /// with; fails without the GPU the plan places weights on.
+    pub fn install(&self, mp: &mut ModelParams<'_>, cp: &mut ContextParams) -> Result<Applied, LaunchError> {
+        let applied = apply(&self.plan)?;
+        applied.configure_model(mp);
+        applied.configure_context(cp);
+        Ok(applied)
+    }
+}
+
+/// Read a plan saved by `pipeshard plan --format yaml|json`.
+pub fn load_plan(path: &Path) -> Result<Plan, LaunchError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LaunchError::PlanIo {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let parsed = if text.trim_start().starts_with('{') {
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    } else {
+        serde_yaml::from_str(&text).map_err(|e| e.to_string())
+    };
+    parsed.map_err(|message| LaunchError::PlanParse {
+        path: path.to_path_buf(),
+        message,
+    })
+}
+
+/// The profile named by `explicit`, or the one in the profile directory
+/// matching this machine, measured (fast mode) and saved when missing.
+/// `progress` gets (done, total) steps while measuring.
+pub fn machine_profile(
+    explicit: Option<&Path>,
+    threads: i32,
+    progress: impl FnMut(u64, u64),
+) -> Result<MachineProfile, LaunchError> {
+    if let Some(p) = explicit {
+        return Ok(MachineProfile::load(p)?);
+    }
+    if !engine::has_gpu() {
+        return Err(LaunchError::NoGpu);
+    }
+    let dir = profile::default_dir();
+    let key = ProfileKey::current(threads);
+    if let Some(p) = MachineProfile::load_matching(&dir, &key) {
+        tracing::info!("using the profile {}", dir.join(key.file_name()).display());
+        return Ok(p);
+    }
+    tracing::info!("no profile for this machine yet; measuring one (fast mode)");
+    let p = profile::measure(ProfileMode::Fast, threads, progress)?;
+    let path = dir.join(key.file_name());
+    if let Err(e) = p.save(&path) {
+        tracing::warn!("could not save the profile to {}: {e}", path.display());
+    }
+    Ok(p)
+}
+
+/// The KV cache type of a context's parameters, as the planner prices it.
+fn kv_type(t: Option<engine::ffi::ggml_type>) -> GgmlType {
+    t.and_then(GgmlType::from_id).unwrap_or(GgmlType::F16)
+}
+
+/// The plan request for `info` run in a context made with `cp`: its length
+/// (the model's training length when 0), KV types and flash attention, and
+/// what `req` adds.
+pub fn plan_request(req: &LaunchRequest<'_>, info: &ModelInfo, cp: &ContextParams, budget: u64) -> PlanRequest {
+    let n_ctx = match cp.n_ctx {
+        0 => info.n_ctx_train.unwrap_or(4096),
+        n => n as u64,
+    };
+    let mut pr = PlanRequest::new(budget, n_ctx + req.side_contexts.iter().sum::<u64>());
+    pr.workload = req.workload;
+    pr.ubatch = req.ubatch;
+    pr.type_k = kv_type(cp.type_k);
+    pr.type_v = kv_type(cp.type_v);
+    pr.flash_attention = cp.flash_attention != FlashAttention::Off;
+    pr.stream_slots = req.options.stream_slots;
+    pr.hybrid_gpu_experts = req.options.hybrid_experts;
+    pr.vision_peak = req.vision.peak;
+    pr
+}
+
+/// The plan for `req`'s model loaded with `mp` into a context made with
+/// `cp`, not yet installed; None when neither a budget nor a saved plan is
+/// given (upstream placement), or when a budget is given without a GPU
+/// (everything runs on the CPU and uses no VRAM). `progress` follows the
+/// profile's measurement when this machine has none yet.
+pub fn plan_for(
+    req: &LaunchRequest<'_>,
+    cp: &ContextParams,
+    progress: impl FnMut(u64, u64),
+) -> Result<Option<Launch>, LaunchError> {
+    let profile_path = req.options.profile.as_deref();
+    let (plan, overhead) = if let Some(path) = &req.options.plan {
+        let plan = load_plan(path)?;
+        let overhead = ProcessOverhead::for_machine(None, cp.n_ctx as u64);
+        (plan, overhead)
+    } else if let Some(budget) = req.budget {
+        if profile_path.is_none() && !engine::has_gpu() {
+            tracing::warn!(
+                "--vram-budget {}: no GPU backend is loaded, so everything runs on the CPU and uses no VRAM",
+                fmt_bytes(budget)
+            );
+            return Ok(None);
+        }
+        let (_, info) = crate::gguf::inspect(req.model).map_err(|source| LaunchError::Model {
+            path: req.model.to_path_buf(),
+            source: Box::new(source),
+        })?;
+        let profile = machine_profile(profile_path, req.threads, progress)?;
+        let mut pr = plan_request(req, &info, cp, budget);
+        let overhead = ProcessOverhead::for_machine(Some(&profile), pr.n_ctx);
+        pr.reserve = overhead.total() + req.vision.resident;
+        tracing::info!(
+            "budget {}: {} of it outside llama.cpp's buffers (CUDA context {} {:?}, runtime {})",
+            fmt_bytes(budget),
+            fmt_bytes(pr.reserve),
+            fmt_bytes(overhead.context),
+            overhead.source,
+            fmt_bytes(overhead.runtime)
+        );
+        // The dry run needs the GPU backend.
+        let checked = engine::has_gpu().then_some((req.model, cp));
+        let mut plan = plan_with_draft(checked, &info, &profile, pr.clone(), req.draft.as_ref())?;
+        if !req.side_contexts.is_empty() {
+            // Each side context holds compute buffers and streaming slots
+            // like the main one's, beside them.
+            pr.reserve += plan.vram.language_peak() * req.side_contexts.len() as u64;
+            plan = plan_with_draft(checked, &info, &profile, pr, req.draft.as_ref())?;
+        }
+        (plan, overhead)
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(Launch {
+        budget: plan.vram.budget,
+        plan,
+        overhead,
+    }))
+}

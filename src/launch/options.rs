@@ -1,0 +1,128 @@
+//! pipeshard's own options, one definition for every command that loads a
+//! model: `run`, `plan`, `bench`, `lossless`, `serve` and `pipeshard-server`.
+
+use std::path::PathBuf;
+
+use crate::engine;
+use crate::plan;
+
+use super::LaunchError;
+
+/// Options that decide where weights go. Each has a `PIPESHARD_*`
+/// environment variable, as llama.cpp's flags have `LLAMA_ARG_*`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PipeshardOptions {
+    /// Hard VRAM budget for the whole process as nvidia-smi shows it, e.g.
+    /// 4GiB or 2048MiB; `auto` takes what is free on the card now, minus
+    /// a margin. `bench` takes a comma-separated list.
+    #[arg(long = "vram-budget", env = "PIPESHARD_VRAM_BUDGET", value_parser = check_budgets)]
+    pub vram_budget: Option<String>,
+    /// Machine profile (YAML); default: the one in profiles/ matching this machine, measured on first use.
+    #[arg(long = "profile", env = "PIPESHARD_PROFILE")]
+    pub profile: Option<PathBuf>,
+    /// A saved plan (YAML or JSON from `pipeshard plan`) to use as is.
+    #[arg(long = "plan", env = "PIPESHARD_PLAN")]
+    pub plan: Option<PathBuf>,
+    /// Device slots through which host weights stream to the GPU, copied ahead
+    /// of use on their own stream; 0 plans for llama.cpp's synchronous copy per op.
+    #[arg(long = "stream-slots", env = "PIPESHARD_STREAM_SLOTS", default_value_t = plan::DEFAULT_STREAM_SLOTS,
+          value_parser = clap::value_parser!(u32).range(0..=8))]
+    pub stream_slots: u32,
+    /// Hybrid experts: how many of each token's routed experts the GPU
+    /// computes in decode, copying only those, while the CPU computes the
+    /// others (MoE layers whose experts stay in host memory); 0 turns the
+    /// split off. Default: the cost model's choice.
+    #[arg(long = "hybrid-experts", env = "PIPESHARD_HYBRID_EXPERTS")]
+    pub hybrid_experts: Option<u32>,
+    /// With a budget: streaming slots for the vision encoder's weights
+    /// (0: llama.cpp's synchronous copies).
+    #[arg(long = "vision-stream-slots", env = "PIPESHARD_VISION_STREAM_SLOTS",
+          default_value_t = engine::VisionOptions::BUDGETED_STREAM_SLOTS,
+          value_parser = clap::value_parser!(u32).range(0..=8))]
+    pub vision_stream_slots: u32,
+}
+
+impl Default for PipeshardOptions {
+    fn default() -> Self {
+        PipeshardOptions {
+            vram_budget: None,
+            profile: None,
+            plan: None,
+            stream_slots: plan::DEFAULT_STREAM_SLOTS,
+            hybrid_experts: None,
+            vision_stream_slots: engine::VisionOptions::BUDGETED_STREAM_SLOTS,
+        }
+    }
+}
+
+/// `--vram-budget` as given, once every budget in it parses.
+fn check_budgets(s: &str) -> Result<String, String> {
+    for one in s.split(',') {
+        if BudgetSpec::parse(one).map_err(|e| e.to_string())? == BudgetSpec::Bytes(0) {
+            return Err("a budget of 0 bytes leaves nothing for the model".into());
+        }
+    }
+    Ok(s.to_string())
+}
+
+/// What `--vram-budget` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetSpec {
+    /// A fixed number of bytes.
+    Bytes(u64),
+    /// What the card has free now (plus what this process already holds),
+    /// minus a margin.
+    Auto,
+}
+
+impl BudgetSpec {
+    /// Parse one budget: a size, or `auto`.
+    pub fn parse(s: &str) -> Result<BudgetSpec, LaunchError> {
+        match s.trim() {
+            "auto" => Ok(BudgetSpec::Auto),
+            t => Ok(BudgetSpec::Bytes(plan::parse_bytes(t)?)),
+        }
+    }
+
+    /// The budget in bytes, for the process's device memory.
+    pub fn resolve(self) -> Result<u64, LaunchError> {
+        match self {
+            BudgetSpec::Bytes(b) => Ok(b),
+            BudgetSpec::Auto => {
+                let gpu = engine::first_device(engine::DeviceKind::Gpu).ok_or(LaunchError::AutoNeedsGpu)?;
+                // NVML sees every process's use; ggml's free figure is the
+                // same card's as the driver reports it.
+                let (total, free) = engine::nvml::cards_memory().unwrap_or((gpu.total_bytes, gpu.free_bytes));
+                let own = engine::process_device_bytes().map_or(0, |(b, _)| b);
+                let margin = (total / 20).max(512 << 20);
+                Ok((free + own).saturating_sub(margin))
+            }
+        }
+    }
+}
+
+impl PipeshardOptions {
+    /// Whether pipeshard plans the placement (`--vram-budget` or `--plan`).
+    pub fn is_set(&self) -> bool {
+        self.vram_budget.is_some() || self.plan.is_some()
+    }
+
+    /// Every budget given (`bench` takes several, comma-separated).
+    pub fn budgets(&self) -> Result<Vec<BudgetSpec>, LaunchError> {
+        match &self.vram_budget {
+            None => Ok(Vec::new()),
+            Some(s) => s.split(',').map(BudgetSpec::parse).collect(),
+        }
+    }
+
+    /// The one budget of a command that loads one model, resolved.
+    pub fn budget_bytes(&self) -> Result<Option<u64>, LaunchError> {
+        match self.budgets()?.as_slice() {
+            [] => Ok(None),
+            [one] => Ok(Some(one.resolve()?)),
+            _ => Err(LaunchError::Options(
+                "--vram-budget takes one size here (only bench takes a list)".into(),
+            )),
+        }
+    }
+}
