@@ -461,5 +461,6 @@ fn prompt_text(model: &Model, args: &RunArgs, chat: bool) -> Result<String> {
         role: "user".into(),
         content: user_text,
     });
+    // common's chat templates: what llama.cpp's server renders with.
     Ok(model.apply_common_chat_template(&msgs, true)?)
 }
