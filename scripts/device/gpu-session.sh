@@ -940,5 +940,13 @@ zserver() {
     bash scripts/device/server-bench.sh all
 }
 
+# zh100 (after zunstash, on the same warm machine): the budget rows on an
+# H100 host (its committed profile), with dist/ carried.
+zh100() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    zrows
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
