@@ -312,12 +312,7 @@ pub fn run_policy(
     let mut ctx = Context::new(&model, ctx_params)?;
     step("context");
     let load_s = t_load.elapsed().as_secs_f64();
-    let llama_device_bytes: u64 = ctx
-        .memory_breakdown()
-        .iter()
-        .filter(|m| !m.is_host)
-        .map(|m| m.total())
-        .sum();
+    let llama_device_bytes = ctx.device_bytes();
 
     let n_vocab = model.n_vocab();
     let mut s: u64 = 0x2545f4914f6cdd1d;

@@ -235,8 +235,7 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
             },
         )?
     };
-    let mut pr = launch::plan_request(&req, &info, &cp, budget);
-    pr.reserve = launch::ProcessOverhead::for_machine(Some(&profile), pr.n_ctx).total();
+    let (pr, _) = launch::plan_request(&req, &info, &cp, budget, &profile);
     // With a model file and a GPU, check the plan with llama.cpp's own reservation.
     let checked = args.model.as_deref().filter(|_| engine::has_gpu()).map(|m| (m, &cp));
     let draft = args.draft.source()?;

@@ -404,6 +404,16 @@ impl<'m> Context<'m> {
         unsafe { ffi::llama_memory_seq_pos_max(ffi::llama_get_memory(self.ptr.as_ptr()), seq) }
     }
 
+    /// Device bytes this context and its model hold in llama.cpp's buffers
+    /// (weights, KV cache, compute), from [`Context::memory_breakdown`].
+    pub fn device_bytes(&self) -> u64 {
+        self.memory_breakdown()
+            .iter()
+            .filter(|m| !m.is_host)
+            .map(|m| m.total())
+            .sum()
+    }
+
     /// Memory per buffer type used by this context and its model (patch 0001).
     pub fn memory_breakdown(&self) -> Vec<MemoryBreakdown> {
         let mut entries = vec![ffi::llama_memory_breakdown_entry::default(); 16];

@@ -127,10 +127,5 @@ pub fn dry_run_device_bytes(
     params.no_alloc = true;
     let loaded = super::Model::load(model, params)?;
     let ctx = super::Context::new(&loaded, ctx)?;
-    Ok(ctx
-        .memory_breakdown()
-        .iter()
-        .filter(|m| !m.is_host)
-        .map(|m| m.total())
-        .sum())
+    Ok(ctx.device_bytes())
 }

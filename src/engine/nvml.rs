@@ -129,23 +129,9 @@ impl Nvml {
         found
     }
 
-    /// Used memory summed over the cards.
-    fn cards_used(&self) -> Option<u64> {
-        let mut sum = 0;
-        for &dev in &self.devices {
-            let mut m = MemoryInfo::default();
-            // SAFETY: m is a valid out-pointer.
-            if unsafe { (self.memory)(dev, &mut m) } != NVML_SUCCESS {
-                return None;
-            }
-            sum += m.used;
-        }
-        Some(sum)
-    }
-
-    /// (total, free) summed over the cards.
-    fn cards_memory(&self) -> Option<(u64, u64)> {
-        let (mut total, mut free) = (0, 0);
+    /// (total, free, used) summed over the cards.
+    fn cards(&self) -> Option<(u64, u64, u64)> {
+        let (mut total, mut free, mut used) = (0, 0, 0);
         for &dev in &self.devices {
             let mut m = MemoryInfo::default();
             // SAFETY: m is a valid out-pointer.
@@ -154,8 +140,9 @@ impl Nvml {
             }
             total += m.total;
             free += m.free;
+            used += m.used;
         }
-        Some((total, free))
+        Some((total, free, used))
     }
 }
 
@@ -174,7 +161,7 @@ pub enum ProcessMemorySource {
 /// [`process_bytes`] can fall back to its growth. Called by
 /// [`super::init`] before the backends load; later calls do nothing.
 pub fn take_baseline() {
-    BASELINE.get_or_init(|| nvml().and_then(Nvml::cards_used));
+    BASELINE.get_or_init(|| nvml().and_then(Nvml::cards).map(|(_, _, used)| used));
 }
 
 /// The process's device memory as NVML reports it, and how it was read;
@@ -185,10 +172,7 @@ pub fn process_bytes() -> Option<(u64, ProcessMemorySource)> {
         return Some((b, ProcessMemorySource::NvmlProcess));
     }
     let base = (*BASELINE.get()?)?;
-    Some((
-        n.cards_used()?.saturating_sub(base),
-        ProcessMemorySource::NvmlCardGrowth,
-    ))
+    Some((n.cards()?.2.saturating_sub(base), ProcessMemorySource::NvmlCardGrowth))
 }
 
 /// Whether NVML could be loaded.
@@ -199,5 +183,5 @@ pub fn available() -> bool {
 /// The cards' (total, free) memory as NVML sees it (every process's use
 /// counted); None without NVML.
 pub fn cards_memory() -> Option<(u64, u64)> {
-    nvml()?.cards_memory()
+    nvml()?.cards().map(|(total, free, _)| (total, free))
 }

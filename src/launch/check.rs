@@ -114,12 +114,7 @@ pub fn verify(memory: LoadedMemory) -> Result<LoadedMemory, LaunchError> {
 
 /// llama.cpp's device bytes in `contexts` and their models.
 pub fn llama_device_bytes(contexts: &[&Context<'_>]) -> u64 {
-    contexts
-        .iter()
-        .flat_map(|c| c.memory_breakdown())
-        .filter(|m| !m.is_host)
-        .map(|m| m.total())
-        .sum()
+    contexts.iter().map(|c| c.device_bytes()).sum()
 }
 
 /// Run the largest ubatch `ctx` takes, then one token, and clear it: what

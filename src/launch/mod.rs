@@ -183,10 +183,18 @@ fn kv_type(t: Option<engine::ffi::ggml_type>) -> GgmlType {
     t.and_then(GgmlType::from_id).unwrap_or(GgmlType::F16)
 }
 
-/// The plan request for `info` run in a context made with `cp`: its length
-/// (the model's training length when 0), KV types and flash attention, and
-/// what `req` adds.
-pub fn plan_request(req: &LaunchRequest<'_>, info: &ModelInfo, cp: &ContextParams, budget: u64) -> PlanRequest {
+/// The plan request for `info` run in a context made with `cp` on the
+/// machine `profile` describes: its length (the model's training length
+/// when 0), KV types and flash attention, what `req` adds, and the device
+/// memory the process holds outside llama.cpp's buffers, which it returns
+/// too.
+pub fn plan_request(
+    req: &LaunchRequest<'_>,
+    info: &ModelInfo,
+    cp: &ContextParams,
+    budget: u64,
+    profile: &MachineProfile,
+) -> (PlanRequest, ProcessOverhead) {
     let n_ctx = match cp.n_ctx {
         0 => info.n_ctx_train.unwrap_or(4096),
         n => n as u64,
@@ -200,7 +208,9 @@ pub fn plan_request(req: &LaunchRequest<'_>, info: &ModelInfo, cp: &ContextParam
     pr.stream_slots = req.options.stream_slots;
     pr.hybrid_gpu_experts = req.options.hybrid_experts;
     pr.vision_peak = req.vision.peak;
-    pr
+    let overhead = ProcessOverhead::for_machine(Some(profile), pr.n_ctx);
+    pr.reserve = overhead.total() + req.vision.resident;
+    (pr, overhead)
 }
 
 /// The plan for `req`'s model loaded with `mp` into a context made with
@@ -231,9 +241,7 @@ pub fn plan_for(
             source: Box::new(source),
         })?;
         let profile = machine_profile(profile_path, req.threads, progress)?;
-        let mut pr = plan_request(req, &info, cp, budget);
-        let overhead = ProcessOverhead::for_machine(Some(&profile), pr.n_ctx);
-        pr.reserve = overhead.total() + req.vision.resident;
+        let (mut pr, overhead) = plan_request(req, &info, cp, budget, &profile);
         tracing::info!(
             "budget {}: {} of it outside llama.cpp's buffers (CUDA context {} {:?}, runtime {})",
             fmt_bytes(budget),

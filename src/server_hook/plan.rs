@@ -158,8 +158,7 @@ pub fn on_projector(opts: &ServerOptions, path: &Path, p: &mut ProjectorParams) 
     p.weights_on_host = true;
     p.stream_slots = opts.pipeshard.vision_stream_slots;
     engine::set_media_release_compute(true);
-    let mut v = VisionOptions::budgeted(engine::default_threads());
-    v.stream_slots = opts.pipeshard.vision_stream_slots;
+    let v = launch::vision_options(&opts.pipeshard, p.use_gpu, engine::default_threads());
     if let Ok(mut g) = VISION.lock() {
         *g = Some(v);
     }
