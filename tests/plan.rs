@@ -484,6 +484,53 @@ fn moe_decode_splits_each_tokens_experts_between_gpu_and_cpu() {
 }
 
 #[test]
+fn exact_plans_run_every_op_on_the_gpu_and_cost_decode_speed() {
+    let profile = fixture();
+    for (arch, budget) in [("llama3.1-8b", 2 * GIB), ("qwen3-30b-a3b", 4 * GIB)] {
+        let info = synth::model_info(arch, Quant::Q4_0).unwrap();
+        let default = plan::make_plan(&info, &profile, &PlanRequest::new(budget, 4352)).unwrap();
+        let mut req = PlanRequest::new(budget, 4352);
+        req.exact = true;
+        let exact = plan::make_plan(&info, &profile, &req).unwrap();
+        // The default plan computes some host weights on the CPU in decode;
+        // the exact one streams every host weight in every tier.
+        let on_cpu = |p: &plan::Plan| {
+            p.tensors
+                .iter()
+                .any(|t| t.exec.iter().any(|(_, e)| matches!(e, Exec::Cpu | Exec::Hybrid)))
+        };
+        assert!(on_cpu(&default), "{arch}: the default plan uses the CPU");
+        assert!(!default.exact);
+        assert!(exact.exact && !on_cpu(&exact), "{arch}");
+        assert!(exact
+            .tensors
+            .iter()
+            .filter(|t| !t.resident)
+            .all(|t| t.exec.iter().all(|(_, e)| *e == Exec::Stream)));
+        assert_eq!(exact.hybrid_gpu_experts, 0);
+        assert!(exact.vram.total <= budget);
+        // Exactness is a constraint on the same optimisation: never faster.
+        assert!(
+            exact.predicted_seconds() >= default.predicted_seconds() - 1e-9,
+            "{arch}: {} < {}",
+            exact.predicted_seconds(),
+            default.predicted_seconds()
+        );
+        // Saved plans keep the mode; older ones load as the default mode.
+        let yaml = serde_yaml::to_string(&exact).unwrap();
+        assert!(serde_yaml::from_str::<plan::Plan>(&yaml).unwrap().exact);
+        assert!(!serde_yaml::to_string(&default).unwrap().contains("exact"));
+    }
+    // The two cannot be asked for together.
+    let opts = launch::PipeshardOptions {
+        exact: true,
+        hybrid_experts: Some(2),
+        ..Default::default()
+    };
+    assert!(launch::LaunchRequest::new(Path::new("m.gguf"), &opts, 4, Default::default()).is_err());
+}
+
+#[test]
 fn plans_saved_before_hybrid_experts_still_load() {
     let profile = fixture();
     let info = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();

@@ -114,7 +114,7 @@ lossless() { # NAME MODEL BUDGET [EXTRA...]
 s1() {
     sprep
     cp .stash/smol.part1 "$W/"
-    lossless r1-stream-all "$W/r1.gguf" 2GiB --stream-all
+    lossless r1-modes "$W/r1.gguf" 2GiB
     timeout 330 $P bench -m "$W/r1.gguf" --vram-budget 2GiB --policies pipeshard,pipeshard-sync,fit,ngl,attn-gpu \
         -p 4096 -n 64 -r 2 -t 16 --profile "$RES/profile.yaml" -o "$RES/r1-ref" > "$RES/r1-ref.log" 2>&1
     tail -12 "$RES/r1-ref.log"
@@ -122,9 +122,9 @@ s1() {
 
 s2() {
     join_smol
-    lossless smol-stream-all "$W/smol.gguf" 64MiB --stream-all
+    lossless smol-modes "$W/smol.gguf" 64MiB
     lossless r1-plan "$W/r1.gguf" 2GiB
-    lossless r2-stream-all "$W/r2.gguf" 4GiB --stream-all
+    lossless r2-modes "$W/r2.gguf" 4GiB
     timeout 330 $P bench -m "$W/r2.gguf" --vram-budget 4GiB --policies pipeshard,pipeshard-sync,fit,ngl,attn-gpu \
         -p 4096 -n 64 -r 2 -t 16 --profile "$RES/profile.yaml" -o "$RES/r2-ref" > "$RES/r2-ref.log" 2>&1
     tail -12 "$RES/r2-ref.log"
@@ -178,7 +178,7 @@ s4() {
 # lossless checks.
 s5() {
     join_smol
-    lossless smol-stream-all "$W/smol.gguf" 256MiB --stream-all
+    lossless smol-modes "$W/smol.gguf" 256MiB
     lossless smol-plan "$W/smol.gguf" 256MiB
     lossless r1-plan "$W/r1.gguf" 2GiB
     lossless r2-plan "$W/r2.gguf" 4GiB
@@ -198,8 +198,8 @@ s6() {
 
 s7() {
     join_smol
-    lossless smol-stream-all "$W/smol.gguf" 256MiB --stream-all
-    lossless r1-stream-all "$W/r1.gguf" 2GiB --stream-all
+    lossless smol-modes "$W/smol.gguf" 256MiB
+    lossless r1-modes "$W/r1.gguf" 2GiB
 }
 
 
@@ -465,7 +465,7 @@ x3() {
     one r2-4g r2 4GiB pipeshard
     one r2-4g-b r2 4GiB pipeshard
     one r1-2g r1 2GiB pipeshard
-    lossless r2-stream-all "$W/r2.gguf" 4GiB --stream-all
+    lossless r2-modes "$W/r2.gguf" 4GiB
 }
 
 # x4: the profile with expert matmuls also at half the experts per token

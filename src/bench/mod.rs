@@ -31,6 +31,9 @@ pub enum Policy {
     /// The same plan with llama.cpp's synchronous copy per streamed weight
     /// instead of the streaming slots: what overlapping copies buys.
     PipeshardSync,
+    /// pipeshard's exact plan (`--exact`): GPU math only, the full-GPU
+    /// result token for token; what exactness costs.
+    PipeshardExact,
     /// Upstream's fit, emulated: dry-run probes that move MoE experts (or
     /// whole layers, for dense models) to the CPU until the rest fits.
     Fit,
@@ -48,7 +51,7 @@ impl Policy {
     /// pipeshard's own plan (with streaming slots or synchronous copies), as
     /// opposed to an upstream policy.
     pub fn is_pipeshard(self) -> bool {
-        matches!(self, Policy::Pipeshard | Policy::PipeshardSync)
+        matches!(self, Policy::Pipeshard | Policy::PipeshardSync | Policy::PipeshardExact)
     }
 }
 
@@ -166,7 +169,7 @@ fn upstream_params(policy: Policy, info: &ModelInfo, n: u32, repack: bool) -> Mo
             }
         }
         Policy::FullGpu => mp.n_gpu_layers = 999,
-        Policy::Pipeshard | Policy::PipeshardSync => {}
+        Policy::Pipeshard | Policy::PipeshardSync | Policy::PipeshardExact => {}
     }
     mp
 }
@@ -194,13 +197,17 @@ pub fn run_policy(
     let mut launch_check = None;
     let margin = 64u64 << 20;
     let (mp, setting): (ModelParams<'static>, String) = match policy {
-        Policy::Pipeshard | Policy::PipeshardSync => {
+        Policy::Pipeshard | Policy::PipeshardSync | Policy::PipeshardExact => {
+            let options = crate::launch::PipeshardOptions {
+                exact: policy == Policy::PipeshardExact || cfg.options.exact,
+                ..cfg.options.clone()
+            };
             let req = crate::launch::LaunchRequest {
                 budget: Some(budget),
                 ubatch: cfg.plan_ubatch,
                 ..crate::launch::LaunchRequest::new(
                     path,
-                    &cfg.options,
+                    &options,
                     cfg.threads,
                     plan::Workload {
                         prompt_tokens: cfg.prompt_tokens as u64,

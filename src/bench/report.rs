@@ -219,12 +219,15 @@ fn svg(title: &str, rows: &[BenchRow]) -> String {
     let policies = [
         Policy::Pipeshard,
         Policy::PipeshardSync,
+        Policy::PipeshardExact,
         Policy::Fit,
         Policy::Ngl,
         Policy::AttnGpu,
         Policy::FullGpu,
     ];
-    let colors = ["#d62728", "#ff9896", "#1f77b4", "#2ca02c", "#9467bd", "#7f7f7f"];
+    let colors = [
+        "#d62728", "#ff9896", "#e377c2", "#1f77b4", "#2ca02c", "#9467bd", "#7f7f7f",
+    ];
     let (w, h, pad) = (900.0, 360.0, 50.0);
     let mut s = format!(
         "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{}' font-family='sans-serif' font-size='12'>\n<text x='10' y='20' font-size='15'>{title}</text>\n",

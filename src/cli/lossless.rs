@@ -1,5 +1,6 @@
 //! `pipeshard lossless`: generate greedily under the full-GPU placement and
-//! under a plan, and compare tokens and logits.
+//! under the plans of both modes (the default, whose CPU ops may round
+//! differently, and `--exact`, GPU math only), and compare tokens and logits.
 
 use std::path::PathBuf;
 
@@ -22,10 +23,6 @@ pub struct LosslessArgs {
     pub model: Option<PathBuf>,
     #[command(flatten)]
     pub budget: PipeshardOptions,
-    /// Run every host weight's op on the GPU in every tier (streamed), so
-    /// that all math runs on the same device as the reference.
-    #[arg(long = "stream-all")]
-    pub stream_all: bool,
     /// Prompt text.
     #[arg(
         short = 'p',
@@ -40,7 +37,8 @@ pub struct LosslessArgs {
     pub ctx_size: u32,
     #[arg(short = 't', long = "threads")]
     pub threads: Option<i32>,
-    /// Exit with status 1 unless every generated token matches.
+    /// Exit with status 1 unless the exact plan's tokens all match the
+    /// full-GPU run's.
     #[arg(long = "require-identical")]
     pub require_identical: bool,
     /// Vision projector: with --image, compare the image embeddings of the
@@ -144,19 +142,27 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
         flash_attention: FlashAttention::On,
         ..Default::default()
     };
-    let req = launch::LaunchRequest::new(&model_path, &args.budget, threads, Default::default())?;
-    let mut launched = plan_with_bar(&req, &base_ctx)?
-        .context("lossless compares a plan with the full-GPU placement: give --vram-budget or --plan (and a GPU)")?;
-    if args.stream_all {
-        launched.plan.stream_everything();
+    if args.budget.plan.is_some() && args.budget.vram_budget.is_none() {
+        anyhow::bail!("lossless plans both modes (default and --exact) itself: give --vram-budget, not --plan");
     }
-    let plan = &launched.plan;
-    let ctx_params = ContextParams {
-        n_batch: plan.ubatch.max(512),
-        n_ubatch: plan.ubatch,
-        ..base_ctx
+    // Both modes: the cost model's choice per weight and tier, and --exact.
+    let modes = [("default", false), ("exact", true)];
+    let mut launches = Vec::new();
+    for (label, exact) in modes {
+        let options = PipeshardOptions {
+            exact,
+            ..args.budget.clone()
+        };
+        let req = launch::LaunchRequest::new(&model_path, &options, threads, Default::default())?;
+        let launched = plan_with_bar(&req, &base_ctx)?
+            .context("lossless compares plans with the full-GPU placement: give --vram-budget (and a GPU)")?;
+        launches.push((label, launched));
+    }
+    let ctx_for = |ubatch: u32| ContextParams {
+        n_batch: ubatch.max(512),
+        n_ubatch: ubatch,
+        ..base_ctx.clone()
     };
-
     let trace =
         |label: &str, mp: ModelParams<'_>, cp: ContextParams, check: Option<&launch::Launch>| -> Result<GreedyTrace> {
             let model = load_with_progress(&model_path, mp, label)?;
@@ -168,58 +174,69 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
             Ok(greedy_trace(&mut ctx, &prompt, args.n_predict)?)
         };
 
+    // The reference runs with the exact plan's ubatch (the same kernels
+    // per chunk); greedy decode is one token at a time in every mode.
     let reference = trace(
         "full GPU",
         ModelParams {
             n_gpu_layers: 999,
             ..Default::default()
         },
-        ctx_params.clone(),
+        ctx_for(launches[1].1.plan.ubatch),
         None,
     )?;
-    let mut mp = ModelParams::default();
-    let mut cp = ctx_params;
-    launched.install(&mut mp, &mut cp)?;
-    let planned = trace("planned", mp, cp, Some(&launched))?;
-
-    let c = compare(&reference, &planned);
-    eprintln!(
-        "{} greedy tokens: {}; max |logit diff| {} over {} steps (plan: {} resident, {}{})",
-        c.n_tokens,
-        match c.first_divergence {
-            None => "identical".to_string(),
-            Some(i) => format!("first divergence at token {i}"),
-        },
-        c.max_abs_logit_diff,
-        c.steps_compared,
-        pipeshard::plan::fmt_bytes(plan.resident_bytes()),
-        if args.stream_all {
-            "every host weight streamed"
-        } else {
-            "as planned"
-        },
-        if plan.stream_slots > 0 {
-            format!(", {} stream slots", plan.stream_slots)
-        } else {
-            String::new()
-        },
-    );
-    println!(
-        "{}",
-        serde_json::json!({
-            "model": model_path.display().to_string(),
-            "stream_all": args.stream_all,
-            "stream_slots": plan.stream_slots,
-            "resident_bytes": plan.resident_bytes(),
-            "n_tokens": c.n_tokens,
-            "identical_tokens": c.identical_tokens(),
-            "first_divergence": c.first_divergence,
-            "steps_compared": c.steps_compared,
-            "max_abs_logit_diff": c.max_abs_logit_diff,
-        })
-    );
-    if args.require_identical && !c.identical_tokens() {
-        anyhow::bail!("the planned run diverged from the full-GPU run");
+    let mut report = serde_json::Map::new();
+    report.insert("model".into(), model_path.display().to_string().into());
+    let mut exact_identical = true;
+    for (label, launched) in &launches {
+        let plan = &launched.plan;
+        let mut mp = ModelParams::default();
+        let mut cp = ctx_for(plan.ubatch);
+        launched.install(&mut mp, &mut cp)?;
+        let t = std::time::Instant::now();
+        let planned = trace(label, mp, cp, Some(launched))?;
+        let secs = t.elapsed().as_secs_f64();
+        let c = compare(&reference, &planned);
+        eprintln!(
+            "{label}: {} greedy tokens {}; max |logit diff| {} over {} steps (plan: {} resident, KV {}/{} layers on the GPU, hybrid experts {}, predicted {:.1} tok/s)",
+            c.n_tokens,
+            match c.first_divergence {
+                None => "identical to the full-GPU run".to_string(),
+                Some(i) => format!("first diverge at token {i}"),
+            },
+            c.max_abs_logit_diff,
+            c.steps_compared,
+            pipeshard::plan::fmt_bytes(plan.resident_bytes()),
+            plan.kv_gpu_layers,
+            plan.n_layer,
+            plan.hybrid_gpu_experts,
+            plan.predicted.decode_tok_s,
+        );
+        if plan.exact {
+            exact_identical &= c.identical_tokens();
+        }
+        report.insert(
+            (*label).into(),
+            serde_json::json!({
+                "exact": plan.exact,
+                "ubatch": plan.ubatch,
+                "stream_slots": plan.stream_slots,
+                "resident_bytes": plan.resident_bytes(),
+                "kv_gpu_layers": plan.kv_gpu_layers,
+                "hybrid_gpu_experts": plan.hybrid_gpu_experts,
+                "predicted_decode_tok_s": plan.predicted.decode_tok_s,
+                "load_and_generate_s": secs,
+                "n_tokens": c.n_tokens,
+                "identical_tokens": c.identical_tokens(),
+                "first_divergence": c.first_divergence,
+                "steps_compared": c.steps_compared,
+                "max_abs_logit_diff": c.max_abs_logit_diff,
+            }),
+        );
+    }
+    println!("{}", serde_json::Value::Object(report));
+    if args.require_identical && !exact_identical {
+        anyhow::bail!("the exact plan diverged from the full-GPU run");
     }
     Ok(())
 }

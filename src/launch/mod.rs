@@ -98,6 +98,7 @@ impl<'a> LaunchRequest<'a> {
         threads: i32,
         workload: Workload,
     ) -> Result<Self, LaunchError> {
+        options.check()?;
         Ok(LaunchRequest {
             model,
             options,
@@ -207,6 +208,7 @@ pub fn plan_request(
     pr.flash_attention = cp.flash_attention != FlashAttention::Off;
     pr.stream_slots = req.options.stream_slots;
     pr.hybrid_gpu_experts = req.options.hybrid_experts;
+    pr.exact = req.options.exact;
     pr.vision_peak = req.vision.peak;
     let overhead = ProcessOverhead::for_machine(Some(profile), pr.n_ctx);
     pr.reserve = overhead.total() + req.vision.resident;

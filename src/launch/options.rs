@@ -40,6 +40,13 @@ pub struct PipeshardOptions {
           default_value_t = engine::VisionOptions::BUDGETED_STREAM_SLOTS,
           value_parser = clap::value_parser!(u32).range(0..=8))]
     pub vision_stream_slots: u32,
+    /// Exact mode: every op runs on the GPU, host weights streamed to it
+    /// (never computed on the CPU or split with it), and attention over a
+    /// KV cache in host memory on the GPU after a copy, so the output is token for token the full-GPU result.
+    /// Default: the cost model chooses per weight and tier, and CPU math
+    /// may round differently.
+    #[arg(long = "exact", env = "PIPESHARD_EXACT")]
+    pub exact: bool,
 }
 
 impl Default for PipeshardOptions {
@@ -51,6 +58,7 @@ impl Default for PipeshardOptions {
             stream_slots: plan::DEFAULT_STREAM_SLOTS,
             hybrid_experts: None,
             vision_stream_slots: engine::VisionOptions::BUDGETED_STREAM_SLOTS,
+            exact: false,
         }
     }
 }
@@ -105,6 +113,16 @@ impl PipeshardOptions {
     /// Whether pipeshard plans the placement (`--vram-budget` or `--plan`).
     pub fn is_set(&self) -> bool {
         self.vram_budget.is_some() || self.plan.is_some()
+    }
+
+    /// Options that contradict each other.
+    pub fn check(&self) -> Result<(), LaunchError> {
+        if self.exact && self.hybrid_experts.is_some_and(|k| k > 0) {
+            return Err(LaunchError::Options(
+                "--exact runs every op on the GPU, so it cannot split experts with the CPU (--hybrid-experts)".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Every budget given (`bench` takes several, comma-separated).

@@ -102,6 +102,9 @@ pub struct CostModel<'a> {
     /// Hybrid experts: how many of each token's routed experts the GPU
     /// computes; `None` lets the cost model choose, `Some(0)` turns them off.
     pub hybrid_gpu_experts: Option<u32>,
+    /// GPU math only ([`crate::plan::PlanRequest::exact`]): host weights
+    /// always stream, never run on the CPU or split with it.
+    pub gpu_only: bool,
 }
 
 /// Whether a tensor is a matmul weight the planner places (as opposed to
@@ -132,6 +135,7 @@ impl<'a> CostModel<'a> {
             overheads,
             routed_max_tokens: 0,
             hybrid_gpu_experts,
+            gpu_only: false,
         };
         cm.routed_max_tokens = cm.find_routed_max_tokens();
         cm
@@ -271,7 +275,12 @@ impl<'a> CostModel<'a> {
     /// need streaming slots and a ubatch within `routed_max_tokens`).
     pub fn best_hybrid(&self, experts: &[&ModelTensor], n: u64) -> Option<(u32, f64)> {
         let used = self.model.n_expert_used;
-        if self.streaming == Streaming::Synchronous || n > self.routed_max_tokens || used < 2 || experts.is_empty() {
+        if self.gpu_only
+            || self.streaming == Streaming::Synchronous
+            || n > self.routed_max_tokens
+            || used < 2
+            || experts.is_empty()
+        {
             return None;
         }
         let ks: Vec<u32> = match self.hybrid_gpu_experts {
@@ -292,7 +301,7 @@ impl<'a> CostModel<'a> {
             _ => self.op_seconds(t, n, Exec::Stream),
         };
         let c = self.op_seconds(t, n, Exec::Cpu);
-        if s < c {
+        if self.gpu_only || s < c {
             (Exec::Stream, s)
         } else {
             (Exec::Cpu, c)
@@ -345,7 +354,9 @@ impl<'a> CostModel<'a> {
         if kv_on_gpu {
             return on(Device::Gpu);
         }
-        if n < GPU_ATTENTION_MIN_BATCH || !self.profile.has_gpu() {
+        // Small batches attend where their projections ran: on the CPU,
+        // unless the plan is exact and runs every projection on the GPU.
+        if (n < GPU_ATTENTION_MIN_BATCH && !self.gpu_only) || !self.profile.has_gpu() {
             return on(Device::Cpu);
         }
         let per_token = self

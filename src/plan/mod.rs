@@ -139,6 +139,11 @@ pub struct PlanRequest {
     /// computes in MoE layers whose experts stay in host memory; `None`
     /// lets the cost model choose, `Some(0)` turns the split off.
     pub hybrid_gpu_experts: Option<u32>,
+    /// GPU math only: host weights are streamed, never computed on the CPU
+    /// or split with it, and every projection runs on the GPU, so attention
+    /// does too (over host KV layers after a copy of their cells): the plan
+    /// computes exactly what the full-GPU placement does.
+    pub exact: bool,
 }
 
 /// Two slots let one split's copy overlap the previous split's compute; a
@@ -170,6 +175,7 @@ impl PlanRequest {
             compute_scale: 1.0,
             overheads: Overheads::default(),
             hybrid_gpu_experts: None,
+            exact: false,
         }
     }
 }
@@ -283,6 +289,9 @@ pub struct Plan {
     /// tensors run [`Exec::Hybrid`]; 0 if none does.
     #[serde(default)]
     pub hybrid_gpu_experts: u32,
+    /// Every op on the GPU (see [`PlanRequest::exact`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exact: bool,
     pub pinned: bool,
     pub vram: VramBreakdown,
     pub predicted: Prediction,
@@ -300,20 +309,6 @@ impl Plan {
     /// The tier a ubatch of `n` tokens runs with.
     pub fn tier_for(&self, n: u64) -> u32 {
         self.tiers.get(tier_index(&self.tiers, n)).copied().unwrap_or(1)
-    }
-
-    /// Run everything on the GPU with every weight streamed (none
-    /// resident, every KV layer on the GPU): the placement that exercises
-    /// streaming fully while its math is the full-GPU placement's.
-    pub fn stream_everything(&mut self) {
-        for t in &mut self.tensors {
-            t.resident = false;
-            for (_, e) in &mut t.exec {
-                *e = Exec::Stream;
-            }
-        }
-        self.hybrid_gpu_experts = 0;
-        self.kv_gpu_layers = self.n_layer;
     }
 
     /// Bytes of resident weights.

@@ -41,7 +41,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
         return Err(PlanError::NoGpuProfile);
     }
     let streaming = req.streaming();
-    let cm = CostModel::new(
+    let mut cm = CostModel::new(
         model,
         profile,
         streaming,
@@ -49,6 +49,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
         req.overheads,
         req.hybrid_gpu_experts,
     );
+    cm.gpu_only = req.exact;
     let small_bytes = small_bytes(model);
     // Streamed weights held in the compute buffer: with synchronous copies
     // the scheduler copies a layer's streamed weights there; with overlapped
@@ -193,6 +194,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 // 0 with synchronous copies (routed_max_tokens is 0 then).
                 stream_routed_max: (cm.routed_max_tokens * model.n_expert_used as u64).min(u32::MAX as u64) as u32,
                 hybrid_gpu_experts: ev.hybrid_gpu_experts(&resident),
+                exact: req.exact,
                 pinned: req.pinned,
                 vram: VramBreakdown {
                     weights,

@@ -98,6 +98,12 @@ fn table(plan: &Plan) -> String {
             sp.plain_decode_tok_s
         );
     }
+    if plan.exact {
+        let _ = writeln!(
+            s,
+            "exact: every op runs on the GPU (host weights streamed, attention over host KV after a copy): token for token the full-GPU result"
+        );
+    }
     if plan.hybrid_gpu_experts > 0 {
         let _ = writeln!(
             s,
