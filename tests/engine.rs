@@ -332,3 +332,21 @@ fn repack_off_keeps_cpu_weights_in_plain_buffers() {
     assert!(repacked_bytes(true) > 0, "no weight was repacked by default");
     assert_eq!(repacked_bytes(false), 0);
 }
+
+/// Upstream's fit (`common_fit_params`) runs in process on the real model:
+/// on a machine without a GPU there is nothing to fit, so it leaves the
+/// defaults and moves no tensor; a file llama.cpp must not read is refused
+/// before the fit sees it.
+#[test]
+fn upstream_fit_runs_on_the_model_and_refuses_bad_files() {
+    let path = common::default_model_path();
+    let fitted = pipeshard::engine::fit_params(&path, &ctx_params(), 512 << 20).unwrap();
+    assert!(fitted.tensor_overrides.is_empty(), "{fitted:?}");
+    let dir = common::scratch_dir("fit-bad");
+    let bad = dir.join("bad.gguf");
+    std::fs::write(&bad, b"GGUF\x03\0\0\0garbage").unwrap();
+    let err = pipeshard::engine::fit_params(&bad, &ctx_params(), 0).unwrap_err();
+    assert!(err.to_string().contains("is not a usable GGUF model"), "{err}");
+    assert!(pipeshard::engine::fit_params(&dir.join("missing.gguf"), &ctx_params(), 0).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}

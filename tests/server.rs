@@ -536,11 +536,23 @@ fn the_load_hook_sees_the_model_and_a_bad_plan_fails_the_load() {
 
     // A budget without a GPU: the hook plans nothing and says so; the
     // server is upstream's.
-    let s = spawn(&["--vram-budget", "1GiB"], "budget-cpu");
+    let s = spawn(&["--vram-budget", "1GiB", "--metrics"], "budget-cpu");
     s.assert_up();
     let log = std::fs::read_to_string(&s.log).unwrap();
     assert!(
         log.contains("no GPU backend is loaded, so everything runs on the CPU"),
         "{log}"
+    );
+    // pipeshard's metrics beside upstream's: the budget, and a counter of
+    // the weight bytes streamed to a GPU (none here, after real work).
+    let done = s.post("/completion", &json!({"prompt": "Hello", "n_predict": 4}));
+    assert!(done["content"].is_string(), "{done}");
+    let (code, metrics) = s.call("GET", "/metrics", None, None);
+    assert_eq!(code, 200);
+    assert!(metrics.contains("llamacpp:prompt_tokens_total"), "{metrics}");
+    assert!(metrics.contains(&format!("pipeshard_vram_budget_bytes {}", 1u64 << 30)), "{metrics}");
+    assert!(
+        metrics.contains("# TYPE pipeshard_bytes_streamed_total counter\npipeshard_bytes_streamed_total 0\n"),
+        "{metrics}"
     );
 }

@@ -34,8 +34,11 @@ pub enum Policy {
     /// pipeshard's exact plan (`--exact`): GPU math only, the full-GPU
     /// result token for token; what exactness costs.
     PipeshardExact,
-    /// Upstream's fit, emulated: dry-run probes that move MoE experts (or
-    /// whole layers, for dense models) to the CPU until the rest fits.
+    /// Upstream's own fit (`common_fit_params`, what `--fit` runs): the
+    /// layers and tensors it keeps on the GPU so that its projected device
+    /// memory leaves the card's free memory minus the budget free, with the
+    /// process's memory outside llama.cpp's buffers budgeted as pipeshard
+    /// budgets it.
     Fit,
     /// The largest `-ngl` whose dry run fits the budget.
     Ngl,
@@ -155,21 +158,8 @@ fn upstream_params(policy: Policy, info: &ModelInfo, n: u32, repack: bool) -> Mo
                 mp.tensor_overrides = vec![(pat, c)];
             }
         }
-        Policy::Fit => {
-            mp.n_gpu_layers = 999;
-            if info.is_moe() {
-                // Experts of the first n layers on the CPU (upstream -ncmoe n).
-                if let Some(c) = cpu {
-                    mp.tensor_overrides = (0..n)
-                        .map(|l| (format!(r"^blk\.{l}\.ffn_(up|down|gate|gate_up)_exps\."), c))
-                        .collect();
-                }
-            } else {
-                mp.n_gpu_layers = n as i32;
-            }
-        }
         Policy::FullGpu => mp.n_gpu_layers = 999,
-        Policy::Pipeshard | Policy::PipeshardSync | Policy::PipeshardExact => {}
+        Policy::Fit | Policy::Pipeshard | Policy::PipeshardSync | Policy::PipeshardExact => {}
     }
     mp
 }
@@ -254,48 +244,47 @@ pub fn run_policy(
             upstream_params(policy, info, 0, cfg.repack),
             "ngl 999, no budget".into(),
         ),
-        Policy::Ngl | Policy::Fit => {
-            // The knob: layers on the GPU (ngl) or layers whose experts move to the CPU (fit, MoE).
-            let moe_fit = policy == Policy::Fit && info.is_moe();
+        Policy::Fit => {
+            // The fit leaves `margin` bytes of the GPU's free memory free;
+            // what the process holds and grows outside llama.cpp's buffers
+            // comes out of the budget first, as in pipeshard's plans.
+            let overhead = crate::launch::ProcessOverhead::for_machine(None, n_ctx as u64);
+            let held = engine::process_device_bytes().map_or(0, |(b, _)| b);
+            let free = engine::first_device(DeviceKind::Gpu).map_or(0, |d| d.free_bytes);
+            let buffers = budget.saturating_sub(overhead.total().max(held + overhead.runtime));
+            if buffers == 0 || free <= buffers {
+                return Err(BenchError::NoFit(budget));
+            }
+            let fitted = engine::fit_params(path, &ctx_params, free - buffers)?;
+            let mut mp = upstream_params(policy, info, 0, cfg.repack);
+            mp.n_gpu_layers = fitted.n_gpu_layers;
+            let moved = fitted.tensor_overrides.len();
+            mp.tensor_overrides = fitted.tensor_overrides;
+            (
+                mp,
+                format!(
+                    "common_fit_params: ngl {}, {moved} tensor overrides, {} MiB for llama.cpp's buffers",
+                    fitted.n_gpu_layers,
+                    buffers >> 20
+                ),
+            )
+        }
+        Policy::Ngl => {
+            // The knob: most layers on the GPU whose dry run fits.
             let fits = |n: u32| -> Result<bool, BenchError> {
                 let make = move || upstream_params(policy, info, n, cfg.repack);
                 Ok(engine::dry_run_device_bytes(path, make(), ctx_params.clone())? + margin <= budget)
             };
-            let n_layer = info.n_layer;
-            let chosen = if moe_fit {
-                // Fewest layers with experts on the CPU.
-                let (mut lo, mut hi) = (0u32, n_layer);
-                if !fits(hi)? {
-                    return Err(BenchError::NoFit(budget));
+            let (mut lo, mut hi) = (0u32, info.n_layer + 1);
+            while lo < hi {
+                let mid = (lo + hi).div_ceil(2);
+                if fits(mid)? {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
                 }
-                while lo < hi {
-                    let mid = (lo + hi) / 2;
-                    if fits(mid)? {
-                        hi = mid;
-                    } else {
-                        lo = mid + 1;
-                    }
-                }
-                lo
-            } else {
-                // Most layers on the GPU.
-                let (mut lo, mut hi) = (0u32, n_layer + 1);
-                while lo < hi {
-                    let mid = (lo + hi).div_ceil(2);
-                    if fits(mid)? {
-                        lo = mid;
-                    } else {
-                        hi = mid - 1;
-                    }
-                }
-                lo
-            };
-            let setting = if moe_fit {
-                format!("ngl 999, -ncmoe {chosen}")
-            } else {
-                format!("ngl {chosen}")
-            };
-            (upstream_params(policy, info, chosen, cfg.repack), setting)
+            }
+            (upstream_params(policy, info, lo, cfg.repack), format!("ngl {lo}"))
         }
     };
     let setting = if cfg.repack || policy.is_pipeshard() {

@@ -116,6 +116,14 @@ impl MemoryBreakdown {
     }
 }
 
+/// Weight bytes every scheduler of the process has copied from host memory
+/// to another backend (streamed to the GPU) since the process started
+/// (patch 0011): whole tensors, or only the experts a MoE matmul used.
+pub fn weight_bytes_streamed() -> u64 {
+    // SAFETY: reads a process-wide atomic counter; no arguments.
+    unsafe { ffi::ggml_backend_sched_weight_bytes_copied() }
+}
+
 /// Device bytes llama.cpp reserves for `model` loaded with `params` and a
 /// context made with `ctx` (weights, KV cache, compute buffers, streaming
 /// slots), from a no-alloc load and reservation: nothing is read or allocated.

@@ -15,6 +15,7 @@ mod backend;
 mod context;
 mod cuda_limits;
 mod error;
+mod fit;
 pub mod ffi;
 mod memory;
 mod memory_sampler;
@@ -33,7 +34,10 @@ pub use backend::{
 };
 pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAttention};
 pub use error::{EngineError, Result};
-pub use memory::{buffer_types, device_buffer_types, dry_run_device_bytes, BufferType, MemoryBreakdown};
+pub use fit::{fit_params, Fitted};
+pub use memory::{
+    buffer_types, device_buffer_types, dry_run_device_bytes, weight_bytes_streamed, BufferType, MemoryBreakdown,
+};
 pub use memory_sampler::{current_rss, process_device_bytes, MemoryPeaks, MemorySampler, MemorySource};
 pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
 pub use placement::{

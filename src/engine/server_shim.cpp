@@ -45,3 +45,29 @@ extern "C" char * pipeshard_chat_apply(const struct llama_model * model, const c
 extern "C" void pipeshard_string_free(char * s) {
     free(s);
 }
+
+// common's fit (upstream's --fit): choose n_gpu_layers and the tensor buffer
+// overrides (MoE experts or FFN parts to system memory) for one model on the
+// devices llama.cpp sees, so that its projected device memory leaves
+// margins[i] bytes of device i free. mparams must hold llama's defaults for
+// what the fit chooses; overrides needs llama_max_tensor_buft_overrides()
+// entries and receives patterns that live as long as the process. Returns
+// common_params_fit_status (0: fits).
+
+#include "fit.h"
+
+#include <vector>
+
+extern "C" int pipeshard_fit_params(const char * path_model, struct llama_model_params * mparams,
+                                    struct llama_context_params * cparams, size_t * margins,
+                                    struct llama_model_tensor_buft_override * overrides) {
+    try {
+        std::vector<float> tensor_split(llama_max_devices(), 0.0f);
+        const int status = (int) common_fit_params(path_model, mparams, cparams, tensor_split.data(), overrides,
+                                                   margins, cparams->n_ctx, nullptr, GGML_LOG_LEVEL_ERROR);
+        mparams->tensor_split = nullptr; // one device: the split is all on it, and the buffer goes away here
+        return status;
+    } catch (const std::exception &) {
+        return (int) COMMON_PARAMS_FIT_STATUS_ERROR;
+    }
+}

@@ -123,5 +123,11 @@ pub fn metrics_text(budget: Option<u64>) -> String {
     for (name, help, v) in rows {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
     }
+    let name = "pipeshard_bytes_streamed_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Weight bytes copied from host memory to the GPU since the server started (streamed weights, or only the experts a MoE matmul used).\n# TYPE {name} counter\n{name} {}",
+        engine::weight_bytes_streamed()
+    );
     out
 }
