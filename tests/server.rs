@@ -550,7 +550,10 @@ fn the_load_hook_sees_the_model_and_a_bad_plan_fails_the_load() {
     let (code, metrics) = s.call("GET", "/metrics", None, None);
     assert_eq!(code, 200);
     assert!(metrics.contains("llamacpp:prompt_tokens_total"), "{metrics}");
-    assert!(metrics.contains(&format!("pipeshard_vram_budget_bytes {}", 1u64 << 30)), "{metrics}");
+    assert!(
+        metrics.contains(&format!("pipeshard_vram_budget_bytes {}", 1u64 << 30)),
+        "{metrics}"
+    );
     assert!(
         metrics.contains("# TYPE pipeshard_bytes_streamed_total counter\npipeshard_bytes_streamed_total 0\n"),
         "{metrics}"

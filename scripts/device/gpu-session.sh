@@ -948,5 +948,37 @@ zh100() {
     zrows
 }
 
+
+# Session 8 (after zunstash, on the same warm machine, dist/ carried):
+# s8a: both modes of math against the full-GPU run (lossless), what the exact
+# mode costs and upstream's own fit (common_fit_params) at the same budget,
+# each policy in its own process.
+s8a() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    lossless r1-modes "$W/r1.gguf" 2GiB -n 64
+    lossless r2-modes "$W/r2.gguf" 4GiB -n 64
+    local m b p
+    for m in "r1 2GiB" "r2 4GiB"; do
+        set -- $m
+        for p in pipeshard pipeshard-exact fit; do
+            one "$1-$p" "$1" "$2" "$p"
+        done
+    done
+    # What the memory sampler costs a full-GPU row (issue 16, part 1): every
+    # 20 ms (the default) against once a minute.
+    one r1-full r1 64GiB full-gpu
+    PIPESHARD_MEMORY_SAMPLE_MS=60000 one r1-full-nosample r1 64GiB full-gpu
+    one r2-full r2 64GiB full-gpu
+    PIPESHARD_MEMORY_SAMPLE_MS=60000 one r2-full-nosample r2 64GiB full-gpu
+}
+# s8b: prompts of 512 and 16k tokens through `run` and through the server
+# (R1 at 2 GiB, one context size), and the streamed-bytes counter.
+s8b() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    bash scripts/device/server-bench.sh tiers
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results

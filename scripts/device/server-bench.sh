@@ -106,6 +106,48 @@ PY
     stop vl-4g
 }
 
+# tiers: the same prompts (about 512 and 16k tokens of plain words) through
+# `pipeshard run` and through the server, R1 at 2 GiB with one context size
+# (issue 15: the server within 10% of `run`), and /metrics' counter of the
+# weight bytes streamed.
+tiers() {
+    prepare
+    [[ -f $W/r1.gguf ]] || $P synth --arch llama3.1-8b --quant q4_0 -o "$W/r1.gguf"
+    python3 scripts/device/make-prompt.py 262 > "$W/p512.txt"
+    python3 scripts/device/make-prompt.py 8330 > "$W/p16k.txt"
+    local p
+    for p in p512 p16k; do
+        timeout 200 $P run -m "$W/r1.gguf" --vram-budget 2GiB --profile "$RES/profile.yaml" -f "$W/$p.txt" \
+            -n 16 --ignore-eos -c 16896 -t 16 --flash-attn on --json > "$RES/tiers-run-$p.out" 2> "$RES/tiers-run-$p.err" \
+            || echo "run $p failed: $?" | tee -a "$RES/tiers-run-$p.err"
+        grep -E "^plan:" "$RES/tiers-run-$p.err" | sed "s/^/run $p: /"
+        tail -1 "$RES/tiers-run-$p.err" | python3 -c 'import sys,json
+j=json.loads(sys.stdin.read()); s=j["stats"]
+print("run: prompt %d tokens, ttft %.0f ms, decode %.1f tok/s" % (s["prompt_tokens"], s["ttft_ms"], s["decode_tokens_per_s"]))' \
+            | sed "s/^/$p /" | tee -a "$RES/tiers.txt"
+    done
+    serve r1-tiers -m "$W/r1.gguf" --vram-budget 2GiB -c 16896 -np 1
+    grep -E "pipeshard plan for" "$RES/r1-tiers.log" | tail -1
+    python3 - "$PORT" "$W" <<'PY' | tee -a "$RES/tiers.txt"
+import json, sys, urllib.request
+port, w = int(sys.argv[1]), sys.argv[2]
+def metric(name):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    return int(float(next(l.split()[1] for l in text.splitlines() if l.startswith(name + " "))))
+for p in ("p512", "p16k"):
+    text = open(f"{w}/{p}.txt").read()
+    for run in range(2):
+        before = metric("pipeshard_bytes_streamed_total")
+        body = {"prompt": text, "n_predict": 16, "ignore_eos": True, "temperature": 0, "cache_prompt": False}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        t = json.loads(urllib.request.urlopen(req, timeout=600).read())["timings"]
+        streamed = metric("pipeshard_bytes_streamed_total") - before
+        print("%s server run %d: prompt %d tokens, prompt %.0f ms, decode %.1f tok/s, streamed %.2f GiB" % (
+            p, run, t["prompt_n"], t["prompt_ms"], t["predicted_per_second"], streamed / 2**30))
+PY
+    stop r1-tiers
+}
+
 all() { r2; vl; }
 
 "$@"

@@ -85,9 +85,15 @@ impl MemorySampler {
     /// RSS). Faster polling can cost CPU-bound decode (a query preempts one
     /// of the threads the CPU's matmuls wait for), and the device memory
     /// that matters only grows: pools and workspaces are kept, buffers are
-    /// reserved up front.
+    /// reserved up front. `PIPESHARD_MEMORY_SAMPLE_MS` sets another
+    /// period in milliseconds (to measure what sampling costs).
     pub fn start(gpu: Option<usize>) -> MemorySampler {
-        Self::every(gpu, Duration::from_millis(20))
+        let ms = std::env::var("PIPESHARD_MEMORY_SAMPLE_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&ms| ms > 0)
+            .unwrap_or(20);
+        Self::every(gpu, Duration::from_millis(ms))
     }
 
     /// Sample every `period` (a long-running server polls less often).
