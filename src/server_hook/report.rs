@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::sync::OnceLock;
 
 use serde_json::json;
 
@@ -13,8 +13,9 @@ use crate::engine;
 
 /// Tokens of the last ubatch the scheduler placed under the plan.
 static LAST_UBATCH_TOKENS: AtomicU64 = AtomicU64::new(0);
-/// The most device memory in use seen by the sampler, bytes.
-static PEAK_USED: AtomicU64 = AtomicU64::new(0);
+/// The process's memory sampler (NVML, every 20 ms), for the life of the
+/// process once a plan is installed.
+static SAMPLER: OnceLock<engine::MemorySampler> = OnceLock::new();
 
 /// Note the size of a ubatch the plan's offload policy is asked about.
 pub(crate) fn note_ubatch(n_tokens: i64) {
@@ -30,20 +31,13 @@ fn gpu_used() -> u64 {
     }
 }
 
-/// Sample the GPU's memory in use every 20 ms for the peak gauge, for the
-/// life of the process (only with a GPU).
+/// Sample the process's device memory for the peak gauge, once per
+/// process however many models load (only with a GPU).
 pub(crate) fn start_peak_sampler() {
-    if !engine::has_gpu() {
-        return;
-    }
-    let spawned = std::thread::Builder::new()
-        .name("pipeshard-vram-peak".into())
-        .spawn(|| loop {
-            PEAK_USED.fetch_max(gpu_used(), Relaxed);
-            std::thread::sleep(Duration::from_millis(20));
+    if engine::has_gpu() {
+        SAMPLER.get_or_init(|| {
+            engine::MemorySampler::start(engine::first_device(engine::DeviceKind::Gpu).map(|d| d.index))
         });
-    if let Err(e) = spawned {
-        tracing::warn!("no VRAM peak sampler: {e}");
     }
 }
 
@@ -101,7 +95,7 @@ pub fn metrics_text(budget: Option<u64>) -> String {
         (
             "pipeshard_vram_peak_bytes",
             "Most device memory of the process (as pipeshard_vram_used_bytes) since the plan was installed, sampled every 20 ms, bytes.",
-            PEAK_USED.load(Relaxed),
+            SAMPLER.get().map_or(0, |s| s.device_peak().load(Relaxed)),
         ),
         (
             "pipeshard_plan_resident_bytes",
