@@ -508,6 +508,14 @@ fn exact_plans_run_every_op_on_the_gpu_and_cost_decode_speed() {
             .filter(|t| !t.resident)
             .all(|t| t.exec.iter().all(|(_, e)| *e == Exec::Stream)));
         assert_eq!(exact.hybrid_gpu_experts, 0);
+        // Host KV would cost an exact plan a copy of its cells per decode
+        // token over the link its weights stream on: R1 keeps it all on the
+        // GPU, which needs its 282 MiB output matrix resident first (or it
+        // would size every streaming slot).
+        if arch == "llama3.1-8b" {
+            assert_eq!(exact.kv_gpu_layers, info.n_layer);
+            assert!(exact.tensors.iter().any(|t| t.name == "output.weight" && t.resident));
+        }
         assert!(exact.vram.total <= budget);
         // Exactness is a constraint on the same optimisation: never faster.
         assert!(
@@ -669,4 +677,16 @@ fn host_kv_attention_of_a_prompt_chunk_is_priced_on_the_gpu_with_its_copy() {
         n_kv,
     );
     assert_eq!(cm.attention_seconds(0, 1, n_kv, false), cpu);
+    // The copy holds the link, which streamed weights share; a decode
+    // token's CPU attention and GPU-resident KV copy nothing.
+    assert_eq!(cm.attention(0, n, n_kv, false), (host, copy));
+    assert_eq!(cm.attention(0, n, n_kv, true).1, 0.0);
+    assert_eq!(cm.attention(0, 1, n_kv, false).1, 0.0);
+    // An exact plan attends on the GPU at every batch size: a decode token
+    // over host KV pays the copy of its cells, on the link.
+    let mut exact = cm;
+    exact.gpu_only = true;
+    let (secs, link) = exact.attention(0, 1, n_kv, false);
+    let copy1 = (per_token * n_kv) as f64 / profile.link.as_ref().unwrap().h2d_pageable;
+    assert!((link - copy1).abs() < 1e-12 && secs > link, "{secs} {link} {copy1}");
 }

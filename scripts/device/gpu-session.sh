@@ -956,8 +956,6 @@ zh100() {
 s8a() {
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
     ZUPSTREAM=0 zprep
-    lossless r1-modes "$W/r1.gguf" 2GiB -n 64
-    lossless r2-modes "$W/r2.gguf" 4GiB -n 64
     local m b p
     for m in "r1 2GiB" "r2 4GiB"; do
         set -- $m
@@ -973,11 +971,17 @@ s8a() {
     PIPESHARD_MEMORY_SAMPLE_MS=60000 one r2-full-nosample r2 64GiB full-gpu
 }
 # s8b: prompts of 512 and 16k tokens through `run` and through the server
-# (R1 at 2 GiB, one context size), and the streamed-bytes counter.
+# (R1 at 2 GiB, one context size), the streamed-bytes counter, both modes
+# against the full-GPU run, and R1's exact plan once the planner prices the
+# host KV copies on the link.
 s8b() {
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
     ZUPSTREAM=0 zprep
     bash scripts/device/server-bench.sh tiers
+    lossless r1-modes "$W/r1.gguf" 2GiB
+    lossless r2-modes "$W/r2.gguf" 4GiB
+    one r1-pipeshard-exact2 r1 2GiB pipeshard-exact
+    one r1-pipeshard2 r1 2GiB pipeshard
 }
 
 "$@"

@@ -38,6 +38,9 @@ pub struct Evaluator {
     hybrid_k: u32,
     /// Per size: attention seconds summed over all chunks of that size.
     attention: Vec<f64>,
+    /// Per size: of those, the seconds host KV cells are copied over the
+    /// link (which streamed weights share).
+    attention_link: Vec<f64>,
     kv_gpu_from: u32,
     switch_s: f64,
     /// Seconds per ubatch for the small ops of every layer.
@@ -159,7 +162,7 @@ impl Evaluator {
         }
         // Attention: prompt chunks at increasing depth, decode and
         // verification at the middle of the generated tokens.
-        let attention = sizes
+        let (attention, attention_link): (Vec<f64>, Vec<f64>) = sizes
             .iter()
             .enumerate()
             .map(|(si, &(n, _))| {
@@ -172,14 +175,11 @@ impl Evaluator {
                 };
                 depths
                     .iter()
-                    .map(|&d| {
-                        (0..model.n_layer)
-                            .map(|l| cm.attention_seconds(l, n, d + n / 2, l >= kv_gpu_from))
-                            .sum::<f64>()
-                    })
-                    .sum::<f64>()
+                    .flat_map(|&d| (0..model.n_layer).map(move |l| (l, d)))
+                    .map(|(l, d)| cm.attention(l, n, d + n / 2, l >= kv_gpu_from))
+                    .fold((0.0, 0.0), |(s, k), (a, c)| (s + a, k + c))
             })
-            .collect();
+            .unzip();
         Evaluator {
             layer: tensors.iter().map(|&i| model.tensors[i].layer).collect(),
             is_qkv: tensors
@@ -201,6 +201,7 @@ impl Evaluator {
             siblings,
             hybrid_k,
             attention,
+            attention_link,
             kv_gpu_from,
             switch_s: cm.overheads.device_switch_s,
             layers_s: model.n_layer as f64 * cm.overheads.layer_s,
@@ -304,12 +305,12 @@ impl Evaluator {
         for (si, &(_, count)) in self.sizes[..self.decode].iter().enumerate() {
             // All chunks of this size (attention is summed over them).
             let (compute, link) = self.weights_seconds(si, resident);
-            ttft += (compute * count + self.attention[si]).max(link * count);
+            ttft += (compute * count + self.attention[si]).max(link * count + self.attention_link[si]);
         }
         // One ubatch of size index `si` past the prompt (attention is priced at one depth).
         let step = |si: usize| {
             let (compute, link) = self.weights_seconds(si, resident);
-            (compute + self.attention[si]).max(link)
+            (compute + self.attention[si]).max(link + self.attention_link[si])
         };
         let plain_decode_tok_s = 1.0 / step(self.decode).max(1e-12);
         let gen = self.workload.gen_tokens as f64;

@@ -111,7 +111,11 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             });
             // Every prefix of the order is a candidate. The slots shrink as
             // the largest streamed weights become resident, so a prefix may
-            // fit where a shorter one does not: all are tried.
+            // fit where a shorter one does not: all are tried. A second
+            // order first makes resident the weights far larger than the
+            // typical one (an output matrix that streams in every tier
+            // would otherwise size every slot, and the first order may
+            // reach it only after most of the budget is spent).
             let slot_bytes = |resident: &[bool]| match streaming {
                 Streaming::Synchronous => 0,
                 Streaming::Overlapped | Streaming::Pipelined => {
@@ -123,29 +127,45 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                     largest * req.stream_slots as u64
                 }
             };
-            let mut resident = vec![false; ev.tensors.len()];
-            let mut used = 0u64;
-            // (objective, prefix length, weight bytes, slot bytes)
-            let mut cfg_best: Option<(f64, usize, u64, u64)> = None;
-            for pos in 0..=order.len() {
-                if pos > 0 {
-                    let k = order[pos - 1];
-                    used += sizes[k];
-                    resident[k] = true;
+            let orders = {
+                let mut by_size: Vec<u64> = order.iter().map(|&k| sizes[k]).collect();
+                by_size.sort_unstable();
+                let typical = by_size.get(by_size.len() / 2).copied().unwrap_or(0);
+                let mut big: Vec<usize> = order.iter().copied().filter(|&k| sizes[k] > 2 * typical).collect();
+                big.sort_by_key(|&k| std::cmp::Reverse(sizes[k]));
+                let mut big_first = big.clone();
+                big_first.extend(order.iter().copied().filter(|k| !big.contains(k)));
+                if big.is_empty() || big_first == order {
+                    vec![order]
+                } else {
+                    vec![order, big_first]
                 }
-                let slots = slot_bytes(&resident);
-                let need = VramBreakdown::total_with(
-                    fixed + used,
-                    compute + slots + stream_overhead(slots, req.stream_slots),
-                    req.vision_peak,
-                );
-                minimum = minimum.min(need);
-                if need > req.budget {
-                    continue;
-                }
-                let obj = ev.objective(&ev.evaluate(&resident));
-                if cfg_best.map_or(true, |b| obj < b.0 - 1e-12) {
-                    cfg_best = Some((obj, pos, used, slots));
+            };
+            // (objective, order, prefix length, weight bytes, slot bytes)
+            let mut cfg_best: Option<(f64, usize, usize, u64, u64)> = None;
+            for (oi, order) in orders.iter().enumerate() {
+                let mut resident = vec![false; ev.tensors.len()];
+                let mut used = 0u64;
+                for pos in 0..=order.len() {
+                    if pos > 0 {
+                        let k = order[pos - 1];
+                        used += sizes[k];
+                        resident[k] = true;
+                    }
+                    let slots = slot_bytes(&resident);
+                    let need = VramBreakdown::total_with(
+                        fixed + used,
+                        compute + slots + stream_overhead(slots, req.stream_slots),
+                        req.vision_peak,
+                    );
+                    minimum = minimum.min(need);
+                    if need > req.budget {
+                        continue;
+                    }
+                    let obj = ev.objective(&ev.evaluate(&resident));
+                    if cfg_best.map_or(true, |b| obj < b.0 - 1e-12) {
+                        cfg_best = Some((obj, oi, pos, used, slots));
+                    }
                 }
             }
             let Some(cfg_best) = cfg_best else {
@@ -155,7 +175,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 continue;
             }
             let mut resident = vec![false; ev.tensors.len()];
-            for &k in &order[..cfg_best.1] {
+            for &k in &orders[cfg_best.1][..cfg_best.2] {
                 resident[k] = true;
             }
             let predicted = ev.evaluate(&resident);
@@ -177,7 +197,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                     }
                 })
                 .collect();
-            let (weights, slots) = (cfg_best.2, cfg_best.3);
+            let (weights, slots) = (cfg_best.3, cfg_best.4);
             let overhead = stream_overhead(slots, req.stream_slots);
             let plan = Plan {
                 model: model.name.clone().unwrap_or_else(|| model.architecture.clone()),
