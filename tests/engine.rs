@@ -350,3 +350,25 @@ fn upstream_fit_runs_on_the_model_and_refuses_bad_files() {
     assert!(pipeshard::engine::fit_params(&dir.join("missing.gguf"), &ctx_params(), 0).is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The warm-up before the budget check runs the plan's ubatch and one
+/// token after it, also when the ubatch is as long as the context (it
+/// failed with "inconsistent sequence positions" there).
+#[test]
+fn warm_up_fits_a_ubatch_as_long_as_the_context() {
+    let model = common::load_default_model();
+    for (n_ctx, ubatch) in [(256, 256), (256, 512), (256, 128)] {
+        let mut ctx = Context::new(
+            &model,
+            ContextParams {
+                n_ctx,
+                n_batch: 512,
+                n_ubatch: 512,
+                n_threads: Some(2),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        pipeshard::launch::warm_up(&mut ctx, ubatch).unwrap_or_else(|e| panic!("n_ctx {n_ctx}, ubatch {ubatch}: {e}"));
+    }
+}

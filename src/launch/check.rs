@@ -121,13 +121,18 @@ pub fn llama_device_bytes(contexts: &[&Context<'_>]) -> u64 {
 /// grows on first use (ggml-cuda's pool, cuBLAS, CUDA graphs) has grown,
 /// so the process's figure after it is its peak.
 pub fn warm_up(ctx: &mut Context<'_>, n_ubatch: u32) -> Result<(), LaunchError> {
-    let n = (n_ubatch as usize).min(ctx.n_ctx() as usize).max(1);
+    // A ubatch, then one token after it (decode's graph): both must fit the
+    // context, so a ubatch as long as the context leaves the last cell.
+    let n_ctx = ctx.n_ctx() as usize;
+    let n = (n_ubatch as usize).min(n_ctx.saturating_sub(1)).max(1);
     let n_vocab = ctx.model().n_vocab().max(2) as u64;
     let tokens: Vec<Token> = (0..n as u64)
         .map(|i| ((i * 7919 + 1) % (n_vocab - 1)) as Token)
         .collect();
     ctx.decode_tokens(&tokens, 0, true)?;
-    ctx.decode_tokens(&tokens[..1], n.min(ctx.n_ctx() as usize - 1) as i32, true)?;
+    if n < n_ctx {
+        ctx.decode_tokens(&tokens[..1], n as i32, true)?;
+    }
     ctx.clear();
     Ok(())
 }
