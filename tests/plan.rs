@@ -690,3 +690,43 @@ fn host_kv_attention_of_a_prompt_chunk_is_priced_on_the_gpu_with_its_copy() {
     let copy1 = (per_token * n_kv) as f64 / profile.link.as_ref().unwrap().h2d_pageable;
     assert!((link - copy1).abs() < 1e-12 && secs > link, "{secs} {link} {copy1}");
 }
+
+/// A server plans for the longest prompt one slot's share of the context
+/// holds (its compute reservation and KV placement must serve it); `run`
+/// and `bench` plan for the prompt they have.
+#[test]
+fn a_server_plans_for_the_longest_prompt_a_slot_holds() {
+    let profile = fixture();
+    let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let options = fixture_options();
+    let mut req = launch::LaunchRequest::new(Path::new("m.gguf"), &options, 2, Default::default()).unwrap();
+    let mut cp = engine::ContextParams {
+        n_ctx: 16896,
+        n_seq_max: 2,
+        kv_unified: false,
+        ..Default::default()
+    };
+    let prompt = |req: &launch::LaunchRequest<'_>, cp: &engine::ContextParams| {
+        launch::plan_request(req, &info, cp, 2 * GIB, &profile)
+            .0
+            .workload
+            .prompt_tokens
+    };
+    assert_eq!(prompt(&req, &cp), 4096, "run's and bench's own prompt");
+    req.full_slot_prompt = true;
+    assert_eq!(prompt(&req, &cp), 16896 / 2 - 64);
+    cp.kv_unified = true;
+    assert_eq!(prompt(&req, &cp), 16896 - 64);
+    // The plan for a 16k-token slot keeps more of the KV cache on the GPU
+    // and a larger ubatch than the one for the reference prompt.
+    cp.n_seq_max = 1;
+    let (long, _) = launch::plan_request(&req, &info, &cp, 2 * GIB, &profile);
+    req.full_slot_prompt = false;
+    let (short, _) = launch::plan_request(&req, &info, &cp, 2 * GIB, &profile);
+    let (long, short) = (
+        plan::make_plan(&info, &profile, &long).unwrap(),
+        plan::make_plan(&info, &profile, &short).unwrap(),
+    );
+    assert!(long.ubatch >= short.ubatch, "{} {}", long.ubatch, short.ubatch);
+    assert!(long.kv_gpu_layers >= short.kv_gpu_layers);
+}

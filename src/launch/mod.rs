@@ -88,6 +88,12 @@ pub struct LaunchRequest<'a> {
     /// Contexts beside the main one that share the model (their length in
     /// tokens): each holds its own KV cache and compute buffers.
     pub side_contexts: Vec<u64>,
+    /// Plan for the longest prompt one sequence's share of the context
+    /// holds, instead of `workload`'s prompt: a server's slots take prompts
+    /// of any length up to it, and the compute reservation and KV placement
+    /// made at load must serve the longest (shorter prompts still get
+    /// their own tier's decisions per ubatch).
+    pub full_slot_prompt: bool,
 }
 
 impl<'a> LaunchRequest<'a> {
@@ -109,6 +115,7 @@ impl<'a> LaunchRequest<'a> {
             vision: VisionMemory::default(),
             draft: None,
             side_contexts: Vec::new(),
+            full_slot_prompt: false,
         })
     }
 }
@@ -202,6 +209,14 @@ pub fn plan_request(
     };
     let mut pr = PlanRequest::new(budget, n_ctx + req.side_contexts.iter().sum::<u64>());
     pr.workload = req.workload;
+    if req.full_slot_prompt {
+        let per_seq = if cp.kv_unified {
+            n_ctx
+        } else {
+            n_ctx / cp.n_seq_max.max(1) as u64
+        };
+        pr.workload.prompt_tokens = per_seq.saturating_sub(pr.workload.gen_tokens).max(1);
+    }
     pr.ubatch = req.ubatch;
     pr.type_k = kv_type(cp.type_k);
     pr.type_v = kv_type(cp.type_v);

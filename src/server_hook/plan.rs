@@ -96,6 +96,7 @@ fn plan_target(
             .map_err(plan_err(mmproj))?
             .unwrap_or_default();
     }
+    launch_req.full_slot_prompt = true;
     launch_req.draft = req.draft.clone().map(|path| launch::DraftSource {
         path,
         on_gpu: None,
