@@ -49,6 +49,9 @@ const OWN_FLAGS: &[&str] = &[
     "--backend-dir",
 ];
 
+/// pipeshard's options that take no value.
+const OWN_SWITCHES: &[&str] = &["--exact"];
+
 /// The help text of pipeshard's options, printed after llama-server's.
 pub const HELP: &str = "\
 ----- pipeshard -----
@@ -63,6 +66,8 @@ pub const HELP: &str = "\
                              (default: the plan's) (env: PIPESHARD_HYBRID_EXPERTS)
 --vision-stream-slots N      streaming slots of the vision encoder's weights, 0-8
                              (default: 4) (env: PIPESHARD_VISION_STREAM_SLOTS)
+--exact                      GPU math only (host weights streamed, never computed on the CPU):
+                             token for token the full-GPU result (env: PIPESHARD_EXACT)
 --draft-acceptance P         draft-token acceptance the plan assumes for -md (default: 0.7)
                              (env: PIPESHARD_DRAFT_ACCEPTANCE)
 --backend-dir DIR            ggml backend modules (env: PIPESHARD_BACKEND_DIR)
@@ -76,6 +81,10 @@ pub fn split_args(args: &[String]) -> (Vec<String>, Vec<String>) {
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let name = a.split_once('=').map_or(a.as_str(), |(n, _)| n);
+        if OWN_SWITCHES.contains(&name) {
+            own.push(a.clone());
+            continue;
+        }
         if !OWN_FLAGS.contains(&name) {
             upstream.push(a.clone());
             continue;
@@ -148,6 +157,12 @@ mod tests {
         assert_eq!(o.pipeshard.budget_bytes().unwrap(), Some(4 << 30));
         assert_eq!(o.pipeshard.stream_slots, 2);
         assert!(o.plans());
+        assert!(!o.pipeshard.exact);
+        // A switch takes no value: the argument after it is upstream's.
+        let (own, up) = split_args(&strings(&["--vram-budget", "4GiB", "--exact", "-c", "4096"]));
+        assert_eq!(own, strings(&["--vram-budget", "4GiB", "--exact"]));
+        assert_eq!(up, strings(&["-c", "4096"]));
+        assert!(ServerOptions::parse(&own).unwrap().pipeshard.exact);
     }
 
     #[test]
