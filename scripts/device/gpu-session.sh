@@ -984,5 +984,22 @@ s8b() {
     one r1-pipeshard2 r1 2GiB pipeshard
 }
 
+# s8c (after the session's merges): the 512/16k prompts again with the
+# server planned for a full slot, R2's lossless modes (with the warm-up fix).
+s8c() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    bash scripts/device/server-bench.sh tiers
+    lossless r2-modes "$W/r2.gguf" 4GiB
+}
+# s8d (same warm machine): every budget row with the session's planner, and
+# the server's R2 (one and four clients) and VL rows.
+s8d() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    zrows
+    bash scripts/device/server-bench.sh all
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
