@@ -189,6 +189,10 @@ fn serve(extra: &[&Path]) -> Server {
 }
 
 fn serve_with_ctx(extra: &[&Path], n_ctx: u32) -> Server {
+    serve_with_args(extra, n_ctx, &[])
+}
+
+fn serve_with_args(extra: &[&Path], n_ctx: u32, args: &[&std::ffi::OsStr]) -> Server {
     let (model, _, _, dir) = fixtures();
     let port = free_port();
     let mut cmd = Command::new(SERVER);
@@ -196,6 +200,7 @@ fn serve_with_ctx(extra: &[&Path], n_ctx: u32) -> Server {
     if let Some(mm) = extra.first() {
         cmd.arg("--mmproj").arg(mm);
     }
+    cmd.args(args);
     cmd.args([
         "--host",
         "127.0.0.1",
@@ -255,11 +260,11 @@ fn server_answers_image_requests_only_with_mmproj() {
     assert!(matches!(res, Err(ureq::Error::Status(400, _))), "{res:?}");
     drop(s);
 
-    // Without a projector: upstream's answer, a 500 that names the missing
-    // --mmproj (a 4xx would be the reliability issue's patch).
+    // Without a projector: the client's mistake, a 400 that names the
+    // missing --mmproj (upstream answers 500; patch 0009).
     let s = serve(&[]);
     let (code, v) = chat_with_image(&s);
-    assert_eq!(code, 500, "{v}");
+    assert_eq!(code, 400, "{v}");
     assert!(
         v["error"]["message"].as_str().unwrap_or_default().contains("mmproj"),
         "{v}"
@@ -406,6 +411,114 @@ fn text_and_image_requests_share_the_device() {
         );
     });
     // And alone.
+    let (code, v) = chat_with_image(&s);
+    assert_eq!(code, 200, "{v}");
+}
+
+/// (status, body) of a chat request with one image URL, answered within 30 s.
+fn chat_with_url(s: &Server, url: &str) -> (u16, Value) {
+    let body = json!({
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Describe the image."},
+            {"type": "image_url", "image_url": {"url": url}},
+        ]}],
+        "max_tokens": 4, "temperature": 0,
+    });
+    let res = ureq::post(&format!("{}/v1/chat/completions", s.base))
+        .timeout(Duration::from_secs(30))
+        .set("Content-Type", "application/json")
+        .send_string(&body.to_string());
+    let (code, text) = match res {
+        Ok(r) => (r.status(), r.into_string().unwrap()),
+        Err(ureq::Error::Status(c, r)) => (c, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("{url}: no answer: {e}"),
+    };
+    (code, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+/// A kernel figure of the server process from /proc, in KiB.
+fn proc_status_kib(s: &Server, key: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.child.id())).unwrap();
+    let line = status.lines().find(|l| l.starts_with(key)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A PNG whose header and chunk CRCs are valid but whose image data is not
+/// a zlib stream.
+fn corrupt_png() -> Vec<u8> {
+    let mut png = gradient_png(64, 48);
+    // The IDAT payload starts after the signature (8), IHDR (25) and the
+    // IDAT length and type (8); overwrite it and fix the chunk's CRC.
+    let len = u32::from_be_bytes(png[33..37].try_into().unwrap()) as usize;
+    for (i, b) in png[41..41 + len].iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(37) ^ 0x5a;
+    }
+    let crc = crc32(&png[37..41 + len]);
+    png[41 + len..45 + len].copy_from_slice(&crc.to_be_bytes());
+    png
+}
+
+/// Local media under `--media-path` that is not a readable image of a sane
+/// size is refused at once: a FIFO (which used to block the request thread
+/// for good), a device, a 2 GiB file (read whole before), and a file whose
+/// PNG header is valid but whose data is not. `/health` answers throughout
+/// and the server's peak memory does not move.
+#[test]
+fn hostile_local_media_is_refused_without_blocking() {
+    let (_, mmproj, png, dir) = fixtures();
+    let media = dir.join("media");
+    let _ = std::fs::remove_dir_all(&media);
+    std::fs::create_dir_all(&media).unwrap();
+    std::fs::copy(png, media.join("ok.png")).unwrap();
+    let st = Command::new("mkfifo").arg(media.join("fifo.png")).status().unwrap();
+    assert!(st.success());
+    std::os::unix::fs::symlink("/dev/zero", media.join("zero.png")).unwrap();
+    let big = std::fs::File::create(media.join("big.png")).unwrap();
+    big.set_len(2 << 30).unwrap(); // sparse: 2 GiB of zeros, no disk
+    drop(big);
+    std::fs::write(media.join("corrupt.png"), corrupt_png()).unwrap();
+
+    let s = serve_with_args(&[mmproj], 1024, &["--media-path".as_ref(), media.as_os_str()]);
+    let peak_before = proc_status_kib(&s, "VmHWM:");
+
+    let (code, v) = chat_with_url(&s, "file://ok.png");
+    assert_eq!(code, 200, "{v}");
+
+    std::thread::scope(|scope| {
+        let hostile = scope.spawn(|| {
+            for _ in 0..3 {
+                for (url, want) in [
+                    ("file://fifo.png", "not a regular file"),
+                    ("file://zero.png", "not a regular file"),
+                    ("file://big.png", "larger than the limit"),
+                ] {
+                    let (code, v) = chat_with_url(&s, url);
+                    assert_eq!(code, 400, "{url}: {v}");
+                    let msg = v["error"]["message"].as_str().unwrap_or_default();
+                    assert!(msg.contains(want), "{url}: {v}");
+                }
+            }
+        });
+        while !hostile.is_finished() {
+            let r = ureq::get(&format!("{}/health", s.base))
+                .timeout(Duration::from_secs(2))
+                .call();
+            assert!(matches!(&r, Ok(r) if r.status() == 200), "{r:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        hostile.join().unwrap();
+    });
+    let grown_mib = proc_status_kib(&s, "VmHWM:").saturating_sub(peak_before) / 1024;
+    assert!(grown_mib < 512, "peak RSS grew by {grown_mib} MiB");
+
+    // A valid header over undecodable data, from a file or inline.
+    let (code, v) = chat_with_url(&s, "file://corrupt.png");
+    assert_eq!(code, 400, "{v}");
+    let uri = format!("data:image/png;base64,{}", base64(&corrupt_png()));
+    let (code, v) = chat_with_url(&s, &uri);
+    assert_eq!(code, 400, "{v}");
+
+    // Still serving images.
     let (code, v) = chat_with_image(&s);
     assert_eq!(code, 200, "{v}");
 }
