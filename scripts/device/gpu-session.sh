@@ -1001,5 +1001,39 @@ s8d() {
     bash scripts/device/server-bench.sh all
 }
 
+# zs8 (session 8, issue 14's server targets; after zunstash on the same
+# warm machine, with dist/ carried): R2 with four clients under
+# dist/pipeshard-server and, on the same host, under another build
+# (dist/pipeshard-server.base, e.g. the base commit's); R2 with one client;
+# the VL preset through the server, also with upstream's --image-max-tokens
+# at the 1080p image's size (a diagnostic, not the reference setting), and
+# through `run` with the same image; upstream's own placement for MoE in
+# little VRAM (experts on the CPU, --cpu-moe -ngl 99, no budget).
+zs8() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    local sb=scripts/device/server-bench.sh
+    bash $sb r2_4 r2-4 || true
+    [[ -x dist/pipeshard-server.base ]] && { PIPESHARD_SERVER=dist/pipeshard-server.base bash $sb r2_4 r2-4-base || true; }
+    bash $sb r2_1 r2-1 || true
+    bash $sb vl vl-4g || true
+    bash $sb vl vl-4g-maxtok2700 --image-max-tokens 2700 || true
+    vrun vl-run-4g 1080p --vram-budget 4GiB --profile "$RES/profile.yaml" || true
+    bash $sb r2_4 r2-4-up-cpumoe --cpu-moe -ngl 99 || true
+    bash $sb r2_1 r2-1-up-cpumoe --cpu-moe -ngl 99 || true
+}
+
+# zs8b (after zunstash, dist/ carried): R2 with four clients under
+# dist/pipeshard-server with the plan's own hybrid share and with 4 of 8
+# experts on the GPU, and under dist/pipeshard-server.base beside.
+zs8b() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    local sb=scripts/device/server-bench.sh
+    bash $sb r2_4 r2-4 || true
+    bash $sb r2_4 r2-4-k4 --vram-budget 4GiB --hybrid-experts 4 || true
+    [[ -x dist/pipeshard-server.base ]] && { PIPESHARD_SERVER=dist/pipeshard-server.base bash $sb r2_4 r2-4-base || true; }
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results

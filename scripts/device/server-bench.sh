@@ -15,7 +15,8 @@ W=${PIPESHARD_WORK:-/root/w}
 RES=$W/results
 mkdir -p "$W" "$RES"
 P=dist/pipeshard
-S=dist/pipeshard-server
+# Another server binary (e.g. an earlier build, for a before/after in one call).
+S=${PIPESHARD_SERVER:-dist/pipeshard-server}
 PORT=18080
 
 prepare() {
@@ -47,7 +48,7 @@ stop() { # NAME
     curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^(pipeshard_|llamacpp:(prompt_tokens_total|tokens_predicted_total))' | tee "$RES/$1.metrics"
     curl -s "http://127.0.0.1:$PORT/props" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin).get("pipeshard")))' > "$RES/$1.props.json"
     kill $SPID; wait $SPID 2>/dev/null || true
-    echo "$1: peak process device memory (nvidia-smi) $(sort -n "$RES/$1.smi" | tail -1) MiB of the 4096 MiB budget"
+    echo "$1: peak process device memory (nvidia-smi) $(sort -n "$RES/$1.smi" | tail -1) MiB (the budget, where one is given: 4096 MiB)"
 }
 
 # clients N: N concurrent /completion requests of the reference case.
@@ -69,28 +70,45 @@ ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
 for o in out:
     print(json.dumps(o))
 total = sum(o["predicted_n"] for o in out) / (max(o["predicted_ms"] for o in out) / 1e3)
-print(json.dumps({"clients": n, "decode_tok_s_total": round(total, 1), "decode_tok_s_each": [round(o["predicted_per_second"], 1) for o in out]}))
+each = [o["predicted_per_second"] for o in out]
+print(json.dumps({"clients": n, "decode_tok_s_total": round(total, 1), "decode_tok_s_each": [round(x, 1) for x in each], "sum_of_each": round(sum(each), 1)}))
 PY
 }
 
-r2() {
+# r2_1 NAME [EXTRA...] / r2_4 NAME [EXTRA...]: R2 with one client, and
+# with four concurrent clients, EXTRA replacing the budget (e.g. upstream's
+# own placement: --cpu-moe -ngl 99 and no budget).
+r2_1() {
+    local name=$1; shift
     prepare
-    serve r2-1 -m "$W/r2.gguf" --vram-budget 4GiB -c 4352 -np 1
-    clients 1 | tee "$RES/r2-1.clients"       # warm-up and target: >= 48 tok/s
-    clients 1 | tee -a "$RES/r2-1.clients"
-    stop r2-1
-    serve r2-4 -m "$W/r2.gguf" --vram-budget 4GiB -c 17408 -np 4 --kv-unified
-    clients 4 | tee "$RES/r2-4.clients"       # target: >= 95 tok/s in total
-    clients 4 | tee -a "$RES/r2-4.clients"
-    stop r2-4
+    (($#)) || set -- --vram-budget 4GiB
+    serve "$name" -m "$W/r2.gguf" -c 4352 -np 1 "$@"
+    clients 1 | tee "$RES/$name.clients"       # warm-up and target: >= 48 tok/s
+    clients 1 | tee -a "$RES/$name.clients"
+    stop "$name"
+}
+r2_4() {
+    local name=$1; shift
+    prepare
+    (($#)) || set -- --vram-budget 4GiB
+    serve "$name" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified "$@"
+    clients 4 | tee "$RES/$name.clients"       # target: >= 95 tok/s in total
+    clients 4 | tee -a "$RES/$name.clients"
+    stop "$name"
 }
 
-vl() {
+r2() {
+    r2_1 r2-1
+    r2_4 r2-4
+}
+
+vl() { # [NAME [EXTRA...]]
+    local name=${1:-vl-4g}; shift || true
     prepare
     [[ -f $W/vl.gguf ]] || $P synth --arch qwen2.5-vl-7b --quant q4_0 -o "$W/vl.gguf" --mmproj-out "$W/vl-mmproj.gguf"
     [[ -f $W/1080p.png ]] || bash scripts/device/gpu-session.sh mkimages
-    serve vl-4g -m "$W/vl.gguf" -mm "$W/vl-mmproj.gguf" --vram-budget 4GiB -c 8192 -np 1
-    python3 - "$PORT" "$W/1080p.png" <<'PY' | tee "$RES/vl-4g.clients"   # target: >= 25 tok/s decode
+    serve "$name" -m "$W/vl.gguf" -mm "$W/vl-mmproj.gguf" --vram-budget 4GiB -c 8192 -np 1 "$@"
+    python3 - "$PORT" "$W/1080p.png" <<'PY' | tee "$RES/$name.clients"   # target: >= 25 tok/s decode
 import base64, json, sys, urllib.request
 port, png = int(sys.argv[1]), sys.argv[2]
 img = base64.b64encode(open(png, "rb").read()).decode()
@@ -103,7 +121,7 @@ for run in range(2):
     t = json.loads(urllib.request.urlopen(req, timeout=600).read())["timings"]
     print(json.dumps({"run": run, **{k: t[k] for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_per_second")}}))
 PY
-    stop vl-4g
+    stop "$name"
 }
 
 # tiers: the same prompts (about 512 and 16k tokens of plain words) through
