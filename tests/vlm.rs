@@ -522,3 +522,29 @@ fn hostile_local_media_is_refused_without_blocking() {
     let (code, v) = chat_with_image(&s);
     assert_eq!(code, 200, "{v}");
 }
+
+/// Upstream's `--image-max-tokens` bounds the tokens one image becomes, and
+/// so the encoder's peak the server reserves for the largest image it
+/// takes (the projector hook passes it into pipeshard's vision options).
+#[test]
+fn image_max_tokens_bounds_the_largest_image() {
+    use pipeshard::engine::{self, VisionOptions};
+    let (model_path, mmproj, _, _) = fixtures();
+    let vocab = engine::Model::load(model_path, engine::ModelParams::default()).unwrap();
+    let n_embd = vocab.n_embd() as usize;
+    let tokens = |max: Option<u32>| {
+        let opts = VisionOptions {
+            image_max_tokens: max,
+            ..VisionOptions::upstream(false, 2)
+        };
+        let proj = engine::VisionProjector::load(&vocab, mmproj, opts).unwrap();
+        let img = engine::Bitmap::blank(1024, 1024).unwrap();
+        proj.image_embeddings(&img).unwrap().len() / n_embd
+    };
+    let free = tokens(None);
+    let capped = tokens(Some(16));
+    assert!(
+        capped <= 16 && capped < free,
+        "{capped} of at most 16, {free} without a cap"
+    );
+}

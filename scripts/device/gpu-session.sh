@@ -999,6 +999,9 @@ s8d() {
     ZUPSTREAM=0 zprep
     zrows
     bash scripts/device/server-bench.sh all
+    # Images up to 1080p (about 2,650 tokens): the encoder's peak reserved
+    # for them, not for the largest image the projector takes.
+    bash scripts/device/server-bench.sh vl vl-4g-max2700 --image-max-tokens 2700
 }
 
 # zs8 (session 8, issue 14's server targets; after zunstash on the same

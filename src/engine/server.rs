@@ -186,6 +186,9 @@ pub struct ProjectorParams {
     pub weights_on_host: bool,
     /// Device slots for the streamed weights.
     pub stream_slots: u32,
+    /// Upstream's `--image-max-tokens` as the server passes it (read
+    /// only); None: the projector's own maximum.
+    pub image_max_tokens: Option<u32>,
 }
 
 /// Called with the projector's path and parameters right before the server
@@ -209,6 +212,7 @@ unsafe extern "C" fn projector_trampoline(path: *const c_char, params: *mut ffi:
         use_gpu: params.use_gpu,
         weights_on_host: params.weights_on_host,
         stream_slots: params.n_stream_slots.max(0) as u32,
+        image_max_tokens: u32::try_from(params.image_max_tokens).ok().filter(|&n| n > 0),
     };
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&path, &mut p))).is_ok() {
         params.use_gpu = p.use_gpu;

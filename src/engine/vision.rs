@@ -45,6 +45,9 @@ pub struct VisionOptions {
     pub separate_peaks: bool,
     /// CPU threads.
     pub threads: i32,
+    /// Most tokens one image becomes (upstream's `--image-max-tokens`):
+    /// larger images are scaled down to it. None: the projector's own.
+    pub image_max_tokens: Option<u32>,
 }
 
 impl VisionOptions {
@@ -56,6 +59,7 @@ impl VisionOptions {
             stream_slots: 0,
             separate_peaks: false,
             threads,
+            image_max_tokens: None,
         }
     }
 
@@ -77,6 +81,7 @@ impl VisionOptions {
             stream_slots: Self::BUDGETED_STREAM_SLOTS,
             separate_peaks: true,
             threads,
+            image_max_tokens: None,
         }
     }
 }
@@ -133,6 +138,9 @@ impl<'m> VisionProjector<'m> {
         p.n_threads = opts.threads.max(1);
         p.print_timings = false;
         p.warmup = false;
+        if let Some(n) = opts.image_max_tokens {
+            p.image_max_tokens = n.min(i32::MAX as u32) as i32;
+        }
         if opts.weights_on_host && opts.use_gpu {
             // Flash attention in the ViT at every resolution (the scheduler
             // runs it on the CPU where the GPU lacks it); AUTO would only
@@ -412,7 +420,8 @@ pub enum PeakImage {
     /// This image file.
     File(std::path::PathBuf),
     /// The largest image the projector takes: a huge blank one, which its
-    /// preprocessing scales down to the projector's maximum.
+    /// preprocessing scales down to the projector's maximum (or to
+    /// [`VisionOptions::image_max_tokens`]).
     Largest,
 }
 

@@ -159,7 +159,12 @@ pub fn on_projector(opts: &ServerOptions, path: &Path, p: &mut ProjectorParams) 
     p.weights_on_host = true;
     p.stream_slots = opts.pipeshard.vision_stream_slots;
     engine::set_media_release_compute(true);
-    let v = launch::vision_options(&opts.pipeshard, p.use_gpu, engine::default_threads());
+    // The encoder's peak is reserved for the largest image the server will
+    // encode: upstream's --image-max-tokens bounds it.
+    let v = engine::VisionOptions {
+        image_max_tokens: p.image_max_tokens,
+        ..launch::vision_options(&opts.pipeshard, p.use_gpu, engine::default_threads())
+    };
     if let Ok(mut g) = VISION.lock() {
         *g = Some(v);
     }
