@@ -985,19 +985,20 @@ s8b() {
 }
 
 # s8c (after the session's merges): the 512/16k prompts again with the
-# server planned for a full slot, R2's lossless modes (with the warm-up fix).
+# server planned for a full slot, R2's lossless modes (with the warm-up fix),
+# and every budget row with the session's planner.
 s8c() {
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
     ZUPSTREAM=0 zprep
     bash scripts/device/server-bench.sh tiers
     lossless r2-modes "$W/r2.gguf" 4GiB
+    zrows
 }
-# s8d (same warm machine): every budget row with the session's planner, and
-# the server's R2 (one and four clients) and VL rows.
+# s8d (same warm machine): the server's R2 (one and four clients) and VL
+# rows with the session's planner.
 s8d() {
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
     ZUPSTREAM=0 zprep
-    zrows
     bash scripts/device/server-bench.sh all
     # Images up to 1080p (about 2,650 tokens): the encoder's peak reserved
     # for them, not for the largest image the projector takes.
