@@ -1005,6 +1005,21 @@ s8d() {
     bash scripts/device/server-bench.sh vl vl-4g-max2700 --image-max-tokens 2700
 }
 
+# s8e (same warm machine): the VL server with images up to 1080p once the
+# largest image's peak is measured over several aspect ratios; R2 through
+# the server with one client, against threads and the sampler's period
+# (the server decoded 36-40 tok/s where bench decoded 49 with the same plan).
+s8e() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    local sb=scripts/device/server-bench.sh
+    bash $sb vl vl-4g-max2700 --image-max-tokens 2700
+    bash $sb r2_1 r2-1
+    bash $sb r2_1 r2-1-t15 --vram-budget 4GiB -t 15
+    PIPESHARD_MEMORY_SAMPLE_MS=1000 bash $sb r2_1 r2-1-sample1s
+    one r2-4g r2 4GiB pipeshard
+}
+
 # zs8 (session 8, issue 14's server targets; after zunstash on the same
 # warm machine, with dist/ carried): R2 with four clients under
 # dist/pipeshard-server and, on the same host, under another build

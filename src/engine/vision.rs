@@ -419,9 +419,10 @@ impl<'m> VisionProjector<'m> {
 pub enum PeakImage {
     /// This image file.
     File(std::path::PathBuf),
-    /// The largest image the projector takes: a huge blank one, which its
-    /// preprocessing scales down to the projector's maximum (or to
-    /// [`VisionOptions::image_max_tokens`]).
+    /// The largest image the projector takes: huge blank ones of a few
+    /// aspect ratios, which its preprocessing scales down to the
+    /// projector's maximum (or to [`VisionOptions::image_max_tokens`]); the
+    /// one that needs the most device memory.
     Largest,
 }
 
@@ -454,11 +455,29 @@ pub fn encoder_peak(
     };
     let vocab = Model::load(model, params)?;
     let proj = VisionProjector::load(&vocab, mmproj, opts)?;
-    let bitmap = match image {
-        PeakImage::File(path) => Bitmap::from_file(&proj, path)?,
-        PeakImage::Largest => Bitmap::blank(4096, 4096)?,
+    let (bitmap, reserved) = match image {
+        PeakImage::File(path) => {
+            let bitmap = Bitmap::from_file(&proj, path)?;
+            let reserved = proj.encode_device_bytes(&bitmap)?;
+            (bitmap, reserved)
+        }
+        // Preprocessing scales a large image down to the most tokens the
+        // projector takes, keeping its aspect ratio and whole patches, so a
+        // square image may round to fewer tokens than a wide one (under
+        // 2,700 tokens: 51 x 51 = 2,601 against 69 x 39 = 2,691 for
+        // 1080p). The largest reservation of a few shapes is the peak.
+        PeakImage::Largest => {
+            let mut best: Option<(Bitmap, u64)> = None;
+            for (w, h) in [(4096, 4096), (4096, 2304), (2304, 4096), (4096, 3072), (3072, 4096)] {
+                let bitmap = Bitmap::blank(w, h)?;
+                let reserved = proj.encode_device_bytes(&bitmap)?;
+                if best.as_ref().map_or(true, |(_, r)| reserved > *r) {
+                    best = Some((bitmap, reserved));
+                }
+            }
+            best.expect("at least one shape")
+        }
     };
-    let reserved = proj.encode_device_bytes(&bitmap)?;
     if encode {
         proj.encode(&bitmap)?;
     }
