@@ -1020,6 +1020,15 @@ s8e() {
     one r2-4g r2 4GiB pipeshard
 }
 
+# s8f: the VL server with images up to 1080p, without upstream's encoder
+# warm-up at load (it coexisted with the language model's compute).
+s8f() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    bash scripts/device/server-bench.sh vl vl-4g-max2700 --image-max-tokens 2700
+    bash scripts/device/server-bench.sh vl vl-4g
+}
+
 # zs8 (session 8, issue 14's server targets; after zunstash on the same
 # warm machine, with dist/ carried): R2 with four clients under
 # dist/pipeshard-server and, on the same host, under another build

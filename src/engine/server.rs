@@ -189,6 +189,8 @@ pub struct ProjectorParams {
     /// Upstream's `--image-max-tokens` as the server passes it (read
     /// only); None: the projector's own maximum.
     pub image_max_tokens: Option<u32>,
+    /// Encode a dummy image when the projector loads (upstream's warm-up).
+    pub warmup: bool,
 }
 
 /// Called with the projector's path and parameters right before the server
@@ -213,11 +215,13 @@ unsafe extern "C" fn projector_trampoline(path: *const c_char, params: *mut ffi:
         weights_on_host: params.weights_on_host,
         stream_slots: params.n_stream_slots.max(0) as u32,
         image_max_tokens: u32::try_from(params.image_max_tokens).ok().filter(|&n| n > 0),
+        warmup: params.warmup,
     };
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&path, &mut p))).is_ok() {
         params.use_gpu = p.use_gpu;
         params.weights_on_host = p.weights_on_host;
         params.n_stream_slots = p.stream_slots.min(i32::MAX as u32) as i32;
+        params.warmup = p.warmup;
     }
 }
 

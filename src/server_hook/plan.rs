@@ -158,6 +158,12 @@ pub fn on_projector(opts: &ServerOptions, path: &Path, p: &mut ProjectorParams) 
     }
     p.weights_on_host = true;
     p.stream_slots = opts.pipeshard.vision_stream_slots;
+    // Upstream's warm-up encodes an image of the largest size while the
+    // language model's compute buffers are held, the two peaks the plan
+    // keeps apart (VL at 4 GiB with --image-max-tokens 2700: 4258 MiB at
+    // load). The plan's own measurement already encoded one in this
+    // process, so the encoder's kernels and pools are warm.
+    p.warmup = false;
     engine::set_media_release_compute(true);
     // The encoder's peak is reserved for the largest image the server will
     // encode: upstream's --image-max-tokens bounds it.
