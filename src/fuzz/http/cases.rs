@@ -447,11 +447,11 @@ impl Gen<'_> {
         ];
         let mut s = String::from("\"");
         for _ in 0..1 + self.r.below(4) {
-            s.push_str(*self.r.pick(ESC));
+            s.push_str(self.r.pick::<&str>(ESC));
         }
         if self.may(KnownIssue::GrammarNul) && self.r.one_in(6) {
             self.tag(KnownIssue::GrammarNul);
-            s.push_str(*self.r.pick(&["\\u0000", "\\x00", "\\U00000000"]));
+            s.push_str(self.r.pick::<&str>(&["\\u0000", "\\x00", "\\U00000000"]));
         }
         s.push('"');
         s
@@ -601,15 +601,14 @@ impl Gen<'_> {
         let mut p = String::from("^");
         for _ in 0..1 + self.r.below(5) {
             p.push_str(
-                *self
-                    .r
-                    .pick(&["[a-z]", "\\d", "(ab|c)", ".", "a", "\\w+", "[^x]", "(", ")", "\\", "|"]),
+                self.r
+                    .pick::<&str>(&["[a-z]", "\\d", "(ab|c)", ".", "a", "\\w+", "[^x]", "(", ")", "\\", "|"]),
             );
             if self.may(KnownIssue::GrammarMinMax) && self.r.one_in(8) {
                 self.tag(KnownIssue::GrammarMinMax);
                 p.push_str("{5,2}");
             } else {
-                p.push_str(*self.r.pick(&["", "*", "+", "?", "{2}", "{1,3}", "{0,}"]));
+                p.push_str(self.r.pick::<&str>(&["", "*", "+", "?", "{2}", "{1,3}", "{0,}"]));
             }
         }
         if self.r.one_in(2) {
