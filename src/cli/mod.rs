@@ -2,6 +2,7 @@
 
 mod bench;
 mod fuzz;
+mod fuzz_http;
 mod lossless;
 mod plan;
 mod run;
@@ -51,6 +52,9 @@ enum Command {
     /// Fuzz the model-file path: mutated GGUFs through the full load, crashes and hangs kept.
     #[command(name = "fuzz-gguf")]
     FuzzGguf(fuzz::FuzzArgs),
+    /// Fuzz pipeshard-server over HTTP (every endpoint and field), or soak it, or measure its shutdown.
+    #[command(name = "fuzz-http")]
+    FuzzHttp(fuzz_http::FuzzHttpArgs),
     /// Compare greedy generation under a plan with the full-GPU placement (tokens, max |logit diff|).
     Lossless(lossless::LosslessArgs),
 }
@@ -103,6 +107,7 @@ pub fn main() -> ExitCode {
         Command::Serve(_) => unreachable!("serve returned above"),
         Command::Lossless(args) => lossless::lossless_cmd(&cli.global, args),
         Command::FuzzGguf(args) => fuzz::fuzz_cmd(&cli.global, args),
+        Command::FuzzHttp(args) => fuzz_http::fuzz_http_cmd(&cli.global, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

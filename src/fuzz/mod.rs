@@ -15,6 +15,7 @@
 //! they pass must get past them. [`FuzzOptions::skip_rejected`] leaves out
 //! the child for rejected cases, for speed.
 
+pub mod http;
 pub mod mutate;
 
 use std::ffi::OsString;
