@@ -1029,6 +1029,28 @@ s8f() {
     bash scripts/device/server-bench.sh vl vl-4g
 }
 
+# s8g: the plan for the prompt against every fixed ubatch with this
+# session's cost model (host KV copies on the link), 16k and 512 tokens.
+s8g() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    zsweep 16384 1
+    zsweep 512 2
+}
+
+# s8fuzz FIRST N: `pipeshard fuzz-http` cases FIRST..FIRST+N-1 of seed 10001
+# with every known class, on the default model (reassembled from the parts
+# carried in .whl/smol by earlier calls into /root/smol).
+s8fuzz() {
+    local first=$1 n=$2
+    [[ -f /root/smol.gguf ]] || cat /root/smol/part0* > /root/smol.gguf
+    echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c
+    timeout 560 $P fuzz-http -m /root/smol.gguf --seed 10001 --first-case "$first" --cases "$n" --jobs 8 --known all \
+        --work-dir "/root/fuzz-$first" --json > "$RES/seed10001-$first.json" 2> "$RES/seed10001-$first.log" \
+        || echo "fuzz $first failed: $?"
+    tail -5 "$RES/seed10001-$first.log"
+}
+
 # zs8 (session 8, issue 14's server targets; after zunstash on the same
 # warm machine, with dist/ carried): R2 with four clients under
 # dist/pipeshard-server and, on the same host, under another build
