@@ -1040,15 +1040,19 @@ s8g() {
 
 # s8fuzz FIRST N: `pipeshard fuzz-http` cases FIRST..FIRST+N-1 of seed 10001
 # with every known class, on the default model (reassembled from the parts
-# carried in .whl/smol by earlier calls into /root/smol).
+# carried in .whl/smol by earlier calls into /root/smol), in chunks of 1000
+# cases (one report each) while the call has time for another.
 s8fuzz() {
-    local first=$1 n=$2
+    local first=$1 n=$2 c t0=$SECONDS
     [[ -f /root/smol.gguf ]] || cat /root/smol/part0* > /root/smol.gguf
     echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c
-    timeout 560 $P fuzz-http -m /root/smol.gguf --seed 10001 --first-case "$first" --cases "$n" --jobs 8 --known all \
-        --work-dir "/root/fuzz-$first" --json > "$RES/seed10001-$first.json" 2> "$RES/seed10001-$first.log" \
-        || echo "fuzz $first failed: $?"
-    tail -5 "$RES/seed10001-$first.log"
+    for ((c = first; c < first + n; c += 1000)); do
+        (( SECONDS - t0 > 420 )) && { echo "fuzz: out of time before case $c"; break; }
+        timeout 170 $P fuzz-http -m /root/smol.gguf --seed 10001 --first-case "$c" --cases 1000 --jobs 8 --known all \
+            --work-dir "/root/fuzz-$c" --json > "$RES/seed10001-$c.json" 2> "$RES/seed10001-$c.log" \
+            || echo "fuzz $c failed: $?"
+        echo "chunk $c: $(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print({k: j[k] for k in ('cases','seconds','crashes','unanswered','rss_max_case_growth_mib','probe_identical')})" "$RES/seed10001-$c.json" 2>&1 | tail -1)"
+    done
 }
 
 # zs8 (session 8, issue 14's server targets; after zunstash on the same
