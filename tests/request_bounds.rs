@@ -241,3 +241,21 @@ fn invalid_id_slot_is_a_400() {
     }
     assert_up(&mut s);
 }
+
+/// `/detokenize` with an id outside the vocabulary is the client's error, a
+/// 400 (upstream: 500 from a caught `vector::_M_range_check`; found by the
+/// HTTP fuzzer, seed 10001 case 3201); valid ids still detokenize.
+#[test]
+fn detokenize_refuses_ids_outside_the_vocabulary() {
+    let mut s = spawn("detokenize");
+    for bad in [2147483647i64, 49152, -1] {
+        let (code, v) = post(&s, "/detokenize", &json!({"tokens": [1, bad]}), 30);
+        assert_eq!(code, 400, "token {bad}: {v}");
+        assert!(message(&v).contains("out of the vocabulary"), "{v}");
+    }
+    let (code, v) = post(&s, "/tokenize", &json!({"content": "Hello world"}), 30);
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = post(&s, "/detokenize", &json!({"tokens": v["tokens"]}), 30);
+    assert_eq!((code, v["content"].as_str()), (200, Some("Hello world")), "{v}");
+    assert_up(&mut s);
+}
