@@ -17,8 +17,9 @@ use super::GlobalArgs;
 pub const DEFAULT_PRESETS: &str =
     "tiny-llama3.2-1b,tiny-qwen3-0.6b,tiny-qwen3-30b-a3b,tiny-qwen2.5-vl-7b,tiny-mistral-nemo-minitron-8b";
 
-#[derive(clap::Args)]
-pub struct FuzzArgs {
+/// Which cases of which seed a fuzzer runs (`fuzz-gguf` and `fuzz-http`).
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct CaseRange {
     /// Seed of the run: the same seed gives the same cases.
     #[arg(long = "seed", default_value_t = 1)]
     pub seed: u64,
@@ -28,6 +29,12 @@ pub struct FuzzArgs {
     /// Number of the first case (with --cases 1: replay one case).
     #[arg(long = "first-case", default_value_t = 0)]
     pub first_case: u64,
+}
+
+#[derive(clap::Args)]
+pub struct FuzzArgs {
+    #[command(flatten)]
+    pub range: CaseRange,
     /// Cases run in parallel.
     #[arg(short = 'j', long = "jobs", default_value_t = 1)]
     pub jobs: usize,
@@ -65,7 +72,7 @@ pub fn fuzz_cmd(global: &GlobalArgs, args: FuzzArgs) -> Result<()> {
     let work_dir = args
         .work_dir
         .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("pipeshard-fuzz-gguf-{}", args.seed)));
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("pipeshard-fuzz-gguf-{}", args.range.seed)));
     let seeds_dir = work_dir.join("seeds");
     std::fs::create_dir_all(&seeds_dir).with_context(|| format!("creating {}", seeds_dir.display()))?;
 
@@ -113,9 +120,9 @@ pub fn fuzz_cmd(global: &GlobalArgs, args: FuzzArgs) -> Result<()> {
     }
 
     let opts = FuzzOptions {
-        seed: args.seed,
-        first_case: args.first_case,
-        cases: args.cases,
+        seed: args.range.seed,
+        first_case: args.range.first_case,
+        cases: args.range.cases,
         jobs: args.jobs.max(1),
         seed_files,
         largest_one_in: args.largest_one_in,
@@ -125,7 +132,7 @@ pub fn fuzz_cmd(global: &GlobalArgs, args: FuzzArgs) -> Result<()> {
         mem_limit_mib: args.mem_limit_mib,
         skip_rejected: args.skip_rejected,
     };
-    let bar = progress::steps_bar(args.cases, "fuzz-gguf");
+    let bar = progress::steps_bar(args.range.cases, "fuzz-gguf");
     let report = fuzz::run(&opts, |c| {
         bar.set_position(c.cases);
         bar.set_message(format!("{} failures", c.failures()));

@@ -27,15 +27,8 @@ pub struct FuzzHttpArgs {
     /// What to run.
     #[arg(long = "mode", value_enum, default_value = "fuzz")]
     pub mode: Mode,
-    /// Seed of the run: the same seed gives the same cases.
-    #[arg(long = "seed", default_value_t = 1)]
-    pub seed: u64,
-    /// Number of cases.
-    #[arg(long = "cases", default_value_t = 1000)]
-    pub cases: u64,
-    /// Number of the first case (with --cases 1: replay one case).
-    #[arg(long = "first-case", default_value_t = 0)]
-    pub first_case: u64,
+    #[command(flatten)]
+    pub range: super::fuzz::CaseRange,
     /// Clients sending cases at once.
     #[arg(short = 'j', long = "jobs", default_value_t = 4)]
     pub jobs: usize,
@@ -106,7 +99,11 @@ fn parse_known(s: &str) -> Result<Vec<KnownIssue>> {
 pub fn fuzz_http_cmd(global: &GlobalArgs, args: FuzzHttpArgs) -> Result<()> {
     let known = parse_known(&args.known)?;
     let work_dir = args.work_dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("pipeshard-fuzz-http-{}-{}", args.seed, std::process::id()))
+        std::env::temp_dir().join(format!(
+            "pipeshard-fuzz-http-{}-{}",
+            args.range.seed,
+            std::process::id()
+        ))
     });
     std::fs::create_dir_all(work_dir.join("slots")).with_context(|| format!("creating {}", work_dir.display()))?;
     let model = match &args.model {
@@ -158,7 +155,7 @@ pub fn fuzz_http_cmd(global: &GlobalArgs, args: FuzzHttpArgs) -> Result<()> {
         Mode::Fuzz => fuzz(&args, known, spec, work_dir),
         Mode::Soak => {
             let opts = SoakOptions {
-                seed: args.seed,
+                seed: args.range.seed,
                 clients: args.clients,
                 duration: Duration::from_secs(args.duration_s),
                 drop_percent: args.drop_percent,
@@ -230,9 +227,9 @@ pub fn fuzz_http_cmd(global: &GlobalArgs, args: FuzzHttpArgs) -> Result<()> {
 
 fn fuzz(args: &FuzzHttpArgs, known: Vec<KnownIssue>, server: ServerSpec, work_dir: PathBuf) -> Result<()> {
     let opts = HttpFuzzOptions {
-        seed: args.seed,
-        first_case: args.first_case,
-        cases: args.cases,
+        seed: args.range.seed,
+        first_case: args.range.first_case,
+        cases: args.range.cases,
         jobs: args.jobs.max(1),
         timeout: Duration::from_secs(args.timeout_s),
         known,
@@ -241,7 +238,7 @@ fn fuzz(args: &FuzzHttpArgs, known: Vec<KnownIssue>, server: ServerSpec, work_di
         rss_runaway_limit: args.rss_limit_mib << 20,
         work_dir: work_dir.clone(),
     };
-    let bar = progress::steps_bar(args.cases, "fuzz-http");
+    let bar = progress::steps_bar(args.range.cases, "fuzz-http");
     let r = http::run(&opts, |n| bar.set_position(n))?;
     bar.finish_and_clear();
     let o = |k: &str| r.outcomes.get(k).copied().unwrap_or(0);

@@ -22,17 +22,7 @@ pub struct Fitted {
 /// bytes free, as `llama-server --fit on --fit-target MARGIN` does. The file
 /// is checked as [`super::Model::load`] checks it before llama.cpp reads it.
 pub fn fit_params(model: &Path, cp: &ContextParams, margin: u64) -> Result<Fitted> {
-    if !model.exists() {
-        return Err(EngineError::ModelMissing {
-            path: model.to_path_buf(),
-        });
-    }
-    let invalid = |reason: String| EngineError::InvalidModel {
-        path: model.to_path_buf(),
-        reason,
-    };
-    let file = crate::gguf::GgufFile::open(model).map_err(|e| invalid(e.to_string()))?;
-    crate::gguf::validate(&file).map_err(|e| invalid(e.to_string()))?;
+    super::model::check_model_file(model)?;
     super::init(None)?;
     let c_path = CString::new(model.to_string_lossy().as_bytes()).map_err(|_| EngineError::NulInText)?;
     // SAFETY: default params are plain data; the sizes are constants.

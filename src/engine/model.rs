@@ -77,25 +77,30 @@ unsafe extern "C" fn progress_trampoline(progress: f32, user: *mut c_void) -> bo
     cb(progress)
 }
 
+/// Everything llama.cpp trusts in a model file, checked in one place
+/// before any llama.cpp call reads it, so that no caller can hand it a file
+/// that would make it abort.
+pub(crate) fn check_model_file(path: &Path) -> Result<()> {
+    if !path.exists() {
+        return Err(EngineError::ModelMissing {
+            path: path.to_path_buf(),
+        });
+    }
+    let invalid = |reason: String| EngineError::InvalidModel {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let file = crate::gguf::GgufFile::open(path).map_err(|e| invalid(e.to_string()))?;
+    crate::gguf::validate(&file).map_err(|e| invalid(e.to_string()))
+}
+
 impl Model {
     /// Load a model. The file is validated as GGUF first, and its
     /// hyper-parameters against llama.cpp's limits and its tensors
     /// ([`crate::gguf::validate`]), so that corrupt, truncated or inconsistent
     /// files fail with a clear error instead of reaching llama.cpp.
     pub fn load(path: &Path, mut params: ModelParams<'_>) -> Result<Model> {
-        if !path.exists() {
-            return Err(EngineError::ModelMissing {
-                path: path.to_path_buf(),
-            });
-        }
-        // Everything llama.cpp trusts is checked here, in one place, so that
-        // no caller can hand it a file that would make it abort.
-        let invalid = |reason: String| EngineError::InvalidModel {
-            path: path.to_path_buf(),
-            reason,
-        };
-        let file = crate::gguf::GgufFile::open(path).map_err(|e| invalid(e.to_string()))?;
-        crate::gguf::validate(&file).map_err(|e| invalid(e.to_string()))?;
+        check_model_file(path)?;
         super::init(None)?;
 
         let c_path = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| EngineError::NulInText)?;
