@@ -7,12 +7,26 @@
 # do not touch their sources, so upstream and pipeshard run identical kernels.
 #
 #   build-upstream-bench.sh DIST      -> DIST/upstream/bin/llama-bench
+#
+# With `patched` as the second argument it builds the same llama-bench from
+# pipeshard's patched tree (DIST/llama.cpp-src.tar.gz) into
+# DIST/upstream/bin-patched: beside the pristine one it tells the cost of the
+# patches (hooks idle) from the cost of pipeshard's own loop.
 set -euo pipefail
-DIST=$(cd "${1:?usage: build-upstream-bench.sh DIST}" && pwd)
-WORK=${PIPESHARD_UPSTREAM_WORK:-/tmp/pipeshard-upstream}
+DIST=$(cd "${1:?usage: build-upstream-bench.sh DIST [patched]}" && pwd)
+VARIANT=${2:-pristine}
 JOBS=${JOBS:-$(nproc)}
-rm -rf "$WORK" && mkdir -p "$WORK/src"
-tar -C "$WORK/src" -xzf "$DIST/upstream/llama.cpp-pristine.tar.gz"
+if [[ $VARIANT == patched ]]; then
+    WORK=${PIPESHARD_UPSTREAM_WORK:-/tmp/pipeshard-upstream-patched}
+    OUTDIR=$DIST/upstream/bin-patched
+    rm -rf "$WORK" && mkdir -p "$WORK/src/llama.cpp"
+    tar -C "$WORK/src/llama.cpp" -xzf "$DIST/llama.cpp-src.tar.gz"
+else
+    WORK=${PIPESHARD_UPSTREAM_WORK:-/tmp/pipeshard-upstream}
+    OUTDIR=$DIST/upstream/bin
+    rm -rf "$WORK" && mkdir -p "$WORK/src"
+    tar -C "$WORK/src" -xzf "$DIST/upstream/llama.cpp-pristine.tar.gz"
+fi
 cat > "$WORK/CMakeLists.txt" <<'CM'
 cmake_minimum_required(VERSION 3.14)
 project(upstream_llama_bench C CXX)
@@ -27,6 +41,6 @@ cmake -S "$WORK" -B "$WORK/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DBUILD
     -DLLAMA_OPENSSL=OFF -DCMAKE_RUNTIME_OUTPUT_DIRECTORY="$WORK/out" -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$WORK/out" \
     > "$WORK/configure.log"
 cmake --build "$WORK/build" --target llama-bench -j "$JOBS"
-mkdir -p "$DIST/upstream/bin"
-cp -a "$WORK"/out/* "$DIST/upstream/bin/"
-echo "build-upstream-bench: $DIST/upstream/bin/llama-bench"
+mkdir -p "$OUTDIR"
+cp -a "$WORK"/out/* "$OUTDIR/"
+echo "build-upstream-bench: $OUTDIR/llama-bench"

@@ -133,7 +133,7 @@ s2() {
 one() { # NAME MODEL BUDGET POLICY [EXTRA...]: one policy in its own process
     local name=$1 model=$2 budget=$3 policy=$4; shift 4
     timeout 240 $P bench -m "$W/$model.gguf" --vram-budget "$budget" --policies "$policy" -p 4096 -n 64 -r 2 -t 16 \
-        --profile "$RES/profile.yaml" -o "$RES/$name" "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
+        --profile "${PROF:-$RES/profile.yaml}" -o "$RES/$name" "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
     grep -E "TTFT|error|process VRAM" "$RES/$name.log" | sed "s/^/$name: /"
 }
 
@@ -1087,6 +1087,122 @@ zs8b() {
     bash $sb r2_4 r2-4 || true
     bash $sb r2_4 r2-4-k4 --vram-budget 4GiB --hybrid-experts 4 || true
     [[ -x dist/pipeshard-server.base ]] && { PIPESHARD_SERVER=dist/pipeshard-server.base bash $sb r2_4 r2-4-base || true; }
+}
+
+# Session 9 (after zunstash, on the same warm machine, dist/ carried).
+# s9a: full-GPU parity (issue 16, part 1). Upstream's llama-bench from the
+# pristine release and the same llama-bench from pipeshard's patched tree
+# (hooks idle), with pipeshard's own CUDA/CPU modules in both, beside
+# pipeshard's bench with no budget (full-gpu, at two ubatches) and with a
+# budget larger than the model (the planner's hooks active).
+upstream_full_patched() { # NAME MODEL
+    local ub=dist/upstream/bin-patched/llama-bench
+    smi_peak "$1-pp" timeout 240 $ub -m "$W/$2.gguf" -ngl 99 -fa 1 -t 16 -p 4096 -n 0 -b 4096 -ub 1024,4096 -r 2 -o md
+    grep -E "pp4096" "$RES/$1-pp.log"
+    smi_peak "$1-tg" timeout 240 $ub -m "$W/$2.gguf" -ngl 99 -fa 1 -t 16 -p 0 -n 64 -d 4096 -ub 512 -r 2 -o md
+    grep -E "tg64" "$RES/$1-tg.log"
+}
+s9a() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ( time JOBS=6 bash dist/build-upstream-bench.sh dist patched ) > "$RES/build-upstream-patched.log" 2>&1 &
+    local pb=$!
+    ZUPSTREAM=1 zprep
+    wait $pb || tail -20 "$RES/build-upstream-patched.log"
+    tail -2 "$RES/build-upstream-patched.log"
+    cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist/upstream/bin-patched/
+    echo "nsys: $(command -v nsys || ls /usr/local/cuda*/bin/nsys 2>/dev/null | head -1 || echo none)"
+    local m
+    for m in r1 r2; do
+        upstream_full "up-$m" "$m"
+        upstream_full_patched "upp-$m" "$m"
+        one "$m-full-ub1024" "$m" 64GiB full-gpu --ub 1024
+        one "$m-full-ub4096" "$m" 64GiB full-gpu --ub 4096
+        one "$m-big" "$m" 64GiB pipeshard
+    done
+}
+# s9b (same warm machine, after s9a): the 16k-token prompt, the planner's
+# plan against every fixed ubatch, with the KV cache of CPU layers pinned and
+# copied without a drain (patch 0018), and the base build (session 8's, in
+# .whl/lead/base.tar.xz) on the plan and ub 2048; the budget rows.
+s9b() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    zsweep 16384 1
+    rm -rf base && tar -xJf .whl/lead/base.tar.xz && cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so base/lib/
+    local u
+    for u in plan 2048; do
+        local extra=(); [[ $u != plan ]] && extra=(--plan-ubatch "$u")
+        timeout 150 base/pipeshard bench -m "$W/r1.gguf" --vram-budget 2GiB --policies pipeshard -p 16384 -n 16 -r 1 -t 16 \
+            --profile "$RES/profile.yaml" -o "$RES/base-sweep-16384-$u" "${extra[@]}" > "$RES/base-sweep-16384-$u.log" 2>&1 \
+            || echo "base sweep $u failed"
+        grep -E "TTFT|error" "$RES/base-sweep-16384-$u.log" | sed "s/^/base-sweep-16384-$u: /"
+    done
+    one r1-2g r1 2GiB pipeshard
+    one r2-4g r2 4GiB pipeshard
+}
+
+# s9c (after zunstash, dist/ and .whl/lead/base.tar.xz carried): issue 15
+# part 2 on one host (512-token sweep, `run` against `bench` at 4k, the
+# server against `run` at 512 and 16k tokens), and why R1's full-GPU prefill
+# at ub 4096 is slower than upstream's at the same ubatch (base build beside,
+# other ubatches).
+s9c() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    zsweep 512 2
+    one r1-2g r1 2GiB pipeshard
+    zrun r1-2g-run4k r1 2GiB
+    bash scripts/device/server-bench.sh tiers
+    rm -rf base && tar -xJf .whl/lead/base.tar.xz && cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so base/lib/
+    one r1-full-ub4096 r1 64GiB full-gpu --ub 4096
+    one r1-full-ub2048 r1 64GiB full-gpu --ub 2048
+    P=base/pipeshard one r1-full-ub4096-base r1 64GiB full-gpu --ub 4096
+    P=base/pipeshard one r1-full-ub1024-base r1 64GiB full-gpu --ub 1024
+}
+
+# s9d (after zunstash, dist/ carried): the machine profile measured again
+# with expert matmuls timed one layer per repetition (all of a batch's tokens
+# in one layer, as in a model), the plans it makes, and full-GPU parity with
+# a budget larger than the model beside upstream's llama-bench built in the
+# same call.
+s9d() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    ( time $P profile --mode fast -t 16 -o "$RES/profile-s9.yaml" ) > "$RES/profile-s9.log" 2>&1 || tail -5 "$RES/profile-s9.log"
+    tail -3 "$RES/profile-s9.log"
+    ( time JOBS=8 bash dist/build-upstream-bench.sh dist ) > "$RES/build-upstream.log" 2>&1 &
+    local up=$! m b
+    for m in "llama3.1-8b 64GiB" "qwen3-30b-a3b 64GiB" "llama3.1-8b 2GiB" "qwen3-30b-a3b 4GiB"; do
+        set -- $m
+        for pr in "$RES/profile.yaml" "$RES/profile-s9.yaml"; do
+            echo "plan $1 $2 $(basename "$pr"): $($P plan --arch "$1" --vram-budget "$2" -c 4352 --profile "$pr" 2>&1 | grep -E "^model|^predicted" | tr '\n' ' ')"
+        done
+    done
+    PROF=$RES/profile-s9.yaml one r1-big r1 64GiB pipeshard
+    PROF=$RES/profile-s9.yaml one r2-big r2 64GiB pipeshard
+    wait $up || tail -20 "$RES/build-upstream.log"
+    cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist/upstream/bin/
+    upstream_full up-r1 r1
+    upstream_full up-r2 r2
+    one r1-full-ub2048 r1 64GiB full-gpu --ub 2048
+    one r2-full-ub2048 r2 64GiB full-gpu --ub 2048
+}
+# s9e (same warm machine, after s9d): the budget rows with the new profile
+# beside the old, and R1's exact plan (its KV cache now in pinned host
+# memory) for speed and token-for-token output.
+s9e() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    local np=$RES/profile-s9.yaml
+    [[ -f $np ]] || { echo "no $np (run s9d first on this machine)"; return 1; }
+    PROF=$np one r1-2g-s9 r1 2GiB pipeshard
+    one r1-2g r1 2GiB pipeshard
+    PROF=$np one r2-4g-s9 r2 4GiB pipeshard
+    one r2-4g r2 4GiB pipeshard
+    PROF=$np one r1-exact-s9 r1 2GiB pipeshard-exact
+    timeout 300 $P lossless -m "$W/r1.gguf" --vram-budget 2GiB --profile "$np" -n 128 -t 16 \
+        > "$RES/lossless-r1-s9.json" 2> "$RES/lossless-r1-s9.log" || echo "lossless r1 failed: $?"
+    tail -3 "$RES/lossless-r1-s9.log"
 }
 
 "$@"

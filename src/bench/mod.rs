@@ -335,12 +335,7 @@ pub fn run_policy(
             tracing::warn!("{e}");
         }
     }
-    let argmax = |l: &[f32]| {
-        l.iter()
-            .enumerate()
-            .fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
-            .0 as Token
-    };
+    let argmax = lossless::argmax;
 
     let mut samples = Vec::new();
     for _ in 0..cfg.repetitions.max(1) {

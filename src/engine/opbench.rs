@@ -339,11 +339,18 @@ pub fn time_mul_mat_id(
         fill_random(x, 4);
         let mut s: u64 = 0x9e3779b97f4a7c15;
         let mut idv: Vec<i32> = Vec::with_capacity((n_used * tokens) as usize);
+        let mut rep = 0i64;
         time_graph_with(backend, &g, 3, min_time, || {
-            // Each token routes to n_used distinct experts of one layer's n_expert.
+            // Each token routes to n_used distinct experts of one layer's
+            // n_expert, every token of a repetition in the same layer, as in
+            // a model's graph (the next repetition takes the next layer, so
+            // its experts are cold). Spreading a batch over the layers timed
+            // a batch `layers` times smaller per expert: the 512-token sample
+            // priced R2's full-GPU prefill at ub 512 at 4x its measured cost.
             idv.clear();
+            let layer = (rep % layers) as i32 * n_expert as i32;
+            rep += 1;
             for _ in 0..tokens {
-                let layer = ((xorshift(&mut s) >> 32) % layers as u64) as i32 * n_expert as i32;
                 let first = idv.len();
                 while idv.len() - first < n_used as usize {
                     let e = layer + (xorshift(&mut s) % n_expert as u64) as i32;

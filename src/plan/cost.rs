@@ -373,8 +373,10 @@ impl<'a> CostModel<'a> {
             .kv_bytes_per_token(layer, GgmlType::F16, GgmlType::F16)
             .unwrap_or(0);
         let copied = per_token * (n_kv + n / 2);
-        let pageable = self.profile.link.as_ref().map_or(f64::INFINITY, |l| l.h2d_pageable);
-        let copy = copied as f64 / pageable;
+        // A CPU layer's KV cache is in the GPU's pinned host buffer (patch
+        // 0018), copied in stream order without a drain.
+        let pinned = self.profile.link.as_ref().map_or(f64::INFINITY, |l| l.h2d_pinned);
+        let copy = copied as f64 / pinned;
         (on(Device::Gpu) + copy, copy)
     }
 }

@@ -25,6 +25,16 @@ const SLOT_ALIGN: u64 = 128;
 /// 16 and 34 MiB for the same plans with synchronous copies).
 const STREAM_OVERHEAD_SLOTS: u64 = 3;
 
+/// How much faster (as a fraction of the smaller one's predicted time to
+/// the first token) a larger ubatch must be predicted to be than a smaller
+/// one to be chosen. The cost model sums
+/// per-op samples, which miss what a whole graph loses at a large ubatch:
+/// on the H200, upstream's full-GPU pp4096 at ub 4096 is 7% (R1) and 11%
+/// (R2) slower than at ub 2048, where the samples predict it 1% faster
+/// (h200-session9). A smaller ubatch also leaves its compute buffer's
+/// difference to weights.
+const LARGER_UBATCH_MARGIN: f64 = 0.03;
+
 /// The streaming overhead that goes with `slots` bytes of `n` slots.
 fn stream_overhead(slots: u64, n: u32) -> u64 {
     slots / n.max(1) as u64 * STREAM_OVERHEAD_SLOTS
@@ -75,7 +85,14 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             .filter(|&u| u as u64 <= req.workload.prompt_tokens.max(512) && u as u64 <= req.n_ctx.max(512))
             .collect(),
     };
-    let kv_steps: Vec<u32> = {
+    // An exact plan keeps every layer's KV cache on the GPU: llama.cpp makes
+    // a layer whose cache is in host memory a CPU layer, whose small
+    // tensors (norms) stay in host memory and whose ops on them run on the
+    // CPU for small batches. R1's exact plan with its KV in host memory
+    // diverged from the full-GPU output at token 11 (h200-session9, s9e).
+    let kv_steps: Vec<u32> = if req.exact {
+        vec![model.n_layer]
+    } else {
         let step = (model.n_layer as usize / 8).max(1);
         let mut v: Vec<u32> = (0..=model.n_layer).rev().step_by(step).collect();
         if v.last() != Some(&0) {
@@ -171,7 +188,14 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             let Some(cfg_best) = cfg_best else {
                 continue;
             };
-            if best.as_ref().is_some_and(|(b, _)| cfg_best.0 >= *b - 1e-12) {
+            if best.as_ref().is_some_and(|(b, p)| {
+                let margin = if p.ubatch < u {
+                    LARGER_UBATCH_MARGIN * p.predicted.ttft_s
+                } else {
+                    0.0
+                };
+                cfg_best.0 >= *b - margin - 1e-12
+            }) {
                 continue;
             }
             let mut resident = vec![false; ev.tensors.len()];
