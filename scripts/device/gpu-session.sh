@@ -1229,5 +1229,14 @@ s9final() {
     tail -2 "$RES/lossless-r1-hostkv.log"
 }
 
+# s9vl (after zunstash, dist/ carried): the VL server with default flags once
+# the encoder's MLP runs in row chunks (patch 0021).
+s9vl() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    bash scripts/device/server-bench.sh vl vl-4g-chunked || true
+    grep -E "vision encoder|pipeshard plan for" "$RES/vl-4g-chunked.log" | tail -3
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
