@@ -526,43 +526,6 @@ fn hostile_local_media_is_refused_without_blocking() {
 /// Upstream's `--image-max-tokens` bounds the tokens one image becomes, and
 /// so the encoder's peak the server reserves for the largest image it
 /// takes (the projector hook passes it into pipeshard's vision options).
-
-/// The encoder's feed-forward blocks in row chunks (patch 0021, which bounds
-/// the compute buffer of a large image) compute every row with the same ops
-/// on fewer rows at a time, with chunks that do not divide the image's
-/// patches evenly: the embeddings agree to rounding (the CPU's matmul
-/// kernels depend on the row count; 1.7e-6 against values up to 0.63 here).
-#[test]
-fn ffn_row_chunks_give_the_same_embeddings() {
-    use pipeshard::engine::{self, VisionOptions};
-    let (model_path, mmproj, png, _) = fixtures();
-    let vocab = engine::Model::load(model_path, engine::ModelParams::default()).unwrap();
-    let embed = |ffn_max_tokens: u32| {
-        let opts = VisionOptions {
-            ffn_max_tokens,
-            ..VisionOptions::upstream(false, 2)
-        };
-        let proj = engine::VisionProjector::load(&vocab, mmproj, opts).unwrap();
-        let img = engine::Bitmap::from_file(&proj, png).unwrap();
-        proj.image_embeddings(&img).unwrap()
-    };
-    let whole = embed(0);
-    assert!(!whole.is_empty() && whole.iter().all(|v| v.is_finite()));
-    for chunk in [1, 3, 5] {
-        let chunked = embed(chunk);
-        assert_eq!(chunked.len(), whole.len(), "chunks of {chunk}");
-        let max_diff = whole
-            .iter()
-            .zip(&chunked)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        let max_abs = whole.iter().map(|a| a.abs()).fold(0f32, f32::max);
-        assert!(
-            max_diff <= 1e-5 * max_abs,
-            "chunks of {chunk}: max |diff| {max_diff} against values up to {max_abs}"
-        );
-    }
-}
 #[test]
 fn image_max_tokens_bounds_the_largest_image() {
     use pipeshard::engine::{self, VisionOptions};

@@ -48,10 +48,6 @@ pub struct VisionOptions {
     /// Most tokens one image becomes (upstream's `--image-max-tokens`):
     /// larger images are scaled down to it. None: the projector's own.
     pub image_max_tokens: Option<u32>,
-    /// Evaluate the encoder's feed-forward blocks in row chunks of at most
-    /// this many patches (patch 0021), which bounds its compute buffer for
-    /// large images; 0: in one piece, as upstream.
-    pub ffn_max_tokens: u32,
 }
 
 impl VisionOptions {
@@ -64,18 +60,11 @@ impl VisionOptions {
             separate_peaks: false,
             threads,
             image_max_tokens: None,
-            ffn_max_tokens: 0,
         }
     }
 
     /// The streaming slots of [`VisionOptions::budgeted`].
     pub const BUDGETED_STREAM_SLOTS: u32 = 4;
-
-    /// The feed-forward row chunk of [`VisionOptions::budgeted`]: Qwen2.5-VL's
-    /// largest image (65,536 patches) in 16 chunks, where its MLP's
-    /// intermediates (two 65,536 x 3,420 f32 tensors, 1.7 GiB) set the
-    /// encoder's 2.1 GiB peak; a 1080p image (10,304 patches) in 3.
-    pub const BUDGETED_FFN_MAX_TOKENS: u32 = 4096;
 
     /// pipeshard's: encoder weights in pinned host memory, streamed to the
     /// GPU through patch 0003's slots overlapped with the encoder's compute,
@@ -93,7 +82,6 @@ impl VisionOptions {
             separate_peaks: true,
             threads,
             image_max_tokens: None,
-            ffn_max_tokens: Self::BUDGETED_FFN_MAX_TOKENS,
         }
     }
 }
@@ -153,7 +141,6 @@ impl<'m> VisionProjector<'m> {
         if let Some(n) = opts.image_max_tokens {
             p.image_max_tokens = n.min(i32::MAX as u32) as i32;
         }
-        p.ffn_max_tokens = opts.ffn_max_tokens.min(i32::MAX as u32) as i32;
         if opts.weights_on_host && opts.use_gpu {
             // Flash attention in the ViT at every resolution (the scheduler
             // runs it on the CPU where the GPU lacks it); AUTO would only

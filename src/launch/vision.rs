@@ -68,17 +68,13 @@ pub fn vision_setup(
 /// How the vision encoder runs. With a plan (a budget or a saved plan) on a
 /// GPU, and the encoder allowed on the GPU, it is pipeshard's: weights in
 /// host memory streamed through `--vision-stream-slots` slots, flash
-/// attention, its peak kept apart from the language model's, its MLP in
-/// row chunks (not in the exact mode: the matmul kernels depend on the row
-/// count, and so may the rounding); otherwise it runs as upstream's does (on
-/// the GPU unless `gpu` is false).
+/// attention, its peak kept apart from the language model's; otherwise it
+/// runs as upstream's does (on the GPU unless `gpu` is false).
 pub fn vision_options(options: &PipeshardOptions, gpu: bool, threads: i32) -> engine::VisionOptions {
     if options.is_set() && engine::has_gpu() && gpu {
-        let budgeted = engine::VisionOptions::budgeted(threads);
         engine::VisionOptions {
             stream_slots: options.vision_stream_slots,
-            ffn_max_tokens: if options.exact { 0 } else { budgeted.ffn_max_tokens },
-            ..budgeted
+            ..engine::VisionOptions::budgeted(threads)
         }
     } else {
         engine::VisionOptions::upstream(gpu, threads)

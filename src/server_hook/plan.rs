@@ -171,9 +171,6 @@ pub fn on_projector(opts: &ServerOptions, path: &Path, p: &mut ProjectorParams) 
         image_max_tokens: p.image_max_tokens,
         ..launch::vision_options(&opts.pipeshard, p.use_gpu, engine::default_threads())
     };
-    // The encoder's MLP in row chunks (patch 0021): its peak, reserved at
-    // load, is what the language model's weights cannot use.
-    p.ffn_max_tokens = v.ffn_max_tokens;
     if let Ok(mut g) = VISION.lock() {
         *g = Some(v);
     }
