@@ -1207,7 +1207,8 @@ s9e() {
 
 # s9final (after the session's merges; zunstash first, dist/ carried): every
 # budget row of issue 15's table with the final build (bench, `run`, VL,
-# the server with four slots), R1's exact mode once more (every KV layer on
+# the server with four slots), the VL server with default flags, R1's exact
+# mode once more (every KV layer on
 # the GPU again), and the default mode with most of its KV cache in pinned
 # host memory against the full-GPU run (patch 0018's copies: a race would
 # show as an early divergence with large logit differences, not rounding).
@@ -1216,6 +1217,7 @@ s9final() {
     ZUPSTREAM=0 zprep
     zrows
     bash scripts/device/server-bench.sh r2_4 r2-4 || true
+    bash scripts/device/server-bench.sh vl vl-4g || true
     lossless r1-final "$W/r1.gguf" 2GiB; tail -2 "$RES/lossless-r1-final.log"
     python3 scripts/device/make-prompt.py 2500 > "$W/p5k.txt"
     timeout 300 $P lossless -m "$W/r1.gguf" --vram-budget 2GiB --profile "$RES/profile.yaml" -c 6144 -n 64 -t 16 \
@@ -1224,8 +1226,9 @@ s9final() {
     tail -2 "$RES/lossless-r1-hostkv.log"
 }
 
-# s9vl (after zunstash, dist/ carried): the VL server with default flags once
-# the encoder's MLP runs in row chunks (patch 0021).
+# s9vl (after zunstash, dist/ carried): the VL server with default flags with
+# the encoder's MLP in row chunks (a patch tried at ef8c02f and reverted: the
+# 2.12 GiB reserved for the largest image did not change).
 s9vl() {
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
     ZUPSTREAM=0 zprep
