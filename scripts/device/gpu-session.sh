@@ -1226,14 +1226,18 @@ s9final() {
     tail -2 "$RES/lossless-r1-hostkv.log"
 }
 
-# s9vl (after zunstash, dist/ carried): the VL server with default flags with
-# the encoder's MLP in row chunks (a patch tried at ef8c02f and reverted: the
-# 2.12 GiB reserved for the largest image did not change).
+# s9vl NAME (after zunstash, dist/ carried): the VL server with default
+# flags (first with the encoder's MLP in row chunks, a patch tried at ef8c02f
+# and reverted: the 2.12 GiB reserved for the largest image did not change;
+# then with window attention in chunks of whole windows, patch 0021), and
+# `run` on the 1080p image.
 s9vl() {
+    local name=${1:-vl-4g-chunked}
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
     ZUPSTREAM=0 zprep
-    bash scripts/device/server-bench.sh vl vl-4g-chunked || true
-    grep -E "vision encoder|pipeshard plan for" "$RES/vl-4g-chunked.log" | tail -3
+    bash scripts/device/server-bench.sh vl "$name" || true
+    grep -E "vision encoder|pipeshard plan for" "$RES/$name.log" | tail -3
+    vrun "$name-run" 1080p --vram-budget 4GiB --profile "$RES/profile.yaml" || true
 }
 
 "$@"

@@ -48,6 +48,10 @@ pub struct VisionOptions {
     /// Most tokens one image becomes (upstream's `--image-max-tokens`):
     /// larger images are scaled down to it. None: the projector's own.
     pub image_max_tokens: Option<u32>,
+    /// Window attention (Qwen2.5-VL's encoder) in chunks of whole windows
+    /// of at most this many patches, each with its own mask (patch 0021);
+    /// 0: one mask of n_patches², as upstream.
+    pub window_attn_max_tokens: u32,
 }
 
 impl VisionOptions {
@@ -60,11 +64,19 @@ impl VisionOptions {
             separate_peaks: false,
             threads,
             image_max_tokens: None,
+            window_attn_max_tokens: 0,
         }
     }
 
     /// The streaming slots of [`VisionOptions::budgeted`].
     pub const BUDGETED_STREAM_SLOTS: u32 = 4;
+
+    /// The window-attention chunk of [`VisionOptions::budgeted`]: the
+    /// one mask of Qwen2.5-VL's encoder takes up to 8 bytes per pair of
+    /// patches (2 GiB of the 2.12 GiB reserved for its largest image,
+    /// 16,384 patches); in chunks of 2,048 patches the masks take 1/8 of
+    /// that at most.
+    pub const BUDGETED_WINDOW_ATTN_MAX_TOKENS: u32 = 2048;
 
     /// pipeshard's: encoder weights in pinned host memory, streamed to the
     /// GPU through patch 0003's slots overlapped with the encoder's compute,
@@ -82,6 +94,7 @@ impl VisionOptions {
             separate_peaks: true,
             threads,
             image_max_tokens: None,
+            window_attn_max_tokens: Self::BUDGETED_WINDOW_ATTN_MAX_TOKENS,
         }
     }
 }
@@ -141,6 +154,7 @@ impl<'m> VisionProjector<'m> {
         if let Some(n) = opts.image_max_tokens {
             p.image_max_tokens = n.min(i32::MAX as u32) as i32;
         }
+        p.window_attn_max_tokens = opts.window_attn_max_tokens.min(i32::MAX as u32) as i32;
         if opts.weights_on_host && opts.use_gpu {
             // Flash attention in the ViT at every resolution (the scheduler
             // runs it on the CPU where the GPU lacks it); AUTO would only
@@ -542,11 +556,22 @@ impl Drop for Bitmap {
 impl Bitmap {
     /// A black RGB image of `width × height` pixels.
     pub fn blank(width: u32, height: u32) -> Result<Bitmap> {
-        let data = vec![0u8; width as usize * height as usize * 3];
-        // SAFETY: data holds nx*ny*3 bytes; mtmd copies them.
-        let raw = unsafe { ffi::mtmd_bitmap_init(width, height, data.as_ptr()) };
+        Self::from_rgb(width, height, &vec![0u8; width as usize * height as usize * 3])
+    }
+
+    /// An RGB image of `width × height` pixels from its bytes, row by row.
+    pub fn from_rgb(width: u32, height: u32, rgb: &[u8]) -> Result<Bitmap> {
+        let what = format!("{width}x{height} RGB image");
+        if rgb.len() != width as usize * height as usize * 3 {
+            return Err(EngineError::Image {
+                what,
+                reason: format!("{} bytes, not 3 per pixel", rgb.len()),
+            });
+        }
+        // SAFETY: rgb holds nx*ny*3 bytes (checked); mtmd copies them.
+        let raw = unsafe { ffi::mtmd_bitmap_init(width, height, rgb.as_ptr()) };
         let ptr = NonNull::new(raw).ok_or_else(|| EngineError::Image {
-            what: format!("{width}x{height} blank image"),
+            what,
             reason: "cannot allocate it".into(),
         })?;
         Ok(Bitmap { ptr })

@@ -68,13 +68,21 @@ pub fn vision_setup(
 /// How the vision encoder runs. With a plan (a budget or a saved plan) on a
 /// GPU, and the encoder allowed on the GPU, it is pipeshard's: weights in
 /// host memory streamed through `--vision-stream-slots` slots, flash
-/// attention, its peak kept apart from the language model's; otherwise it
-/// runs as upstream's does (on the GPU unless `gpu` is false).
+/// attention, its peak kept apart from the language model's, window
+/// attention in chunks of whole windows (not in the exact mode: attention
+/// over fewer keys may round differently); otherwise it runs as upstream's
+/// does (on the GPU unless `gpu` is false).
 pub fn vision_options(options: &PipeshardOptions, gpu: bool, threads: i32) -> engine::VisionOptions {
     if options.is_set() && engine::has_gpu() && gpu {
+        let budgeted = engine::VisionOptions::budgeted(threads);
         engine::VisionOptions {
             stream_slots: options.vision_stream_slots,
-            ..engine::VisionOptions::budgeted(threads)
+            window_attn_max_tokens: if options.exact {
+                0
+            } else {
+                budgeted.window_attn_max_tokens
+            },
+            ..budgeted
         }
     } else {
         engine::VisionOptions::upstream(gpu, threads)
