@@ -1238,6 +1238,55 @@ s9vl() {
     bash scripts/device/server-bench.sh vl "$name" || true
     grep -E "vision encoder|pipeshard plan for" "$RES/$name.log" | tail -3
     vrun "$name-run" 1080p --vram-budget 4GiB --profile "$RES/profile.yaml" || true
+
+# Session 9, issue 17 (CPU only, the GPU unused; the default model's parts
+# put into /root/smol by an earlier call on the same warm machine, dist/
+# carried): s9soak starts the 10-minute soak in its own process session
+# (it outlives the call; s9collect waits for it), then s9rel runs the
+# 10,000 fuzz cases of seed 10001 (every known class) as two streams of
+# 1,000-case chunks and the 10 SIGTERM trials beside it. Cores are split
+# with taskset: soak 0-7, fuzz 8-13, shutdown 14-15.
+ts() { # CPUS: the taskset prefix, where the machine has taskset
+    command -v taskset > /dev/null && echo "taskset -c $1" || true
+}
+s9model() {
+    [[ -f /root/smol.gguf ]] || cat /root/smol/part0* > /root/smol.gguf
+    echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c
+}
+s9soak() {
+    s9model
+    mkdir -p /root/s9
+    setsid nohup $(ts 0-7) "$(readlink -f $P)" fuzz-http -m /root/smol.gguf --mode soak --clients 32 --duration-s 600 \
+        --server-args "-c 16384 -np 32 -t 8 --cache-ram 0" --work-dir /root/s9/soak --json \
+        > /root/s9/soak-32-clients-600s.json 2> /root/s9/soak.log < /dev/null &
+    echo "soak started"
+}
+s9fuzz_stream() { # FIRST COUNT
+    local c
+    for ((c = $1; c < $1 + $2; c += 1000)); do
+        timeout 280 $(ts 8-13) $P fuzz-http -m /root/smol.gguf --seed 10001 --first-case "$c" --cases 1000 --jobs 8 \
+            --known all --work-dir "/root/fuzz-$c" --json > "$RES/seed10001-$c.json" 2> "$RES/seed10001-$c.log" \
+            || echo "fuzz $c failed: $?"
+        echo "chunk $c: $(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print({k: j[k] for k in ('cases','seconds','crashes','unanswered','rss_max_case_growth_mib','probe_identical')})" "$RES/seed10001-$c.json" 2>&1 | tail -1)"
+    done
+}
+s9rel() {
+    s9model
+    ( $(ts 14-15) $P fuzz-http -m /root/smol.gguf --mode shutdown --trials 10 --streams 4 --grace-s 10 \
+        --work-dir /root/shutdown --json > "$RES/shutdown-10-trials.json" 2> "$RES/shutdown.log" || echo "shutdown failed: $?" ) &
+    local sh=$!
+    s9fuzz_stream "${1:-0}" "${2:-5000}" &
+    local a=$!
+    s9fuzz_stream "${3:-5000}" "${4:-5000}" &
+    local b=$!
+    wait $a $b $sh
+    python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('shutdown:', j['passed'], 'passed, max', j['max_exit_s'], 's')" "$RES/shutdown-10-trials.json" || true
+}
+s9collect() {
+    local t0=$SECONDS
+    while pgrep -f "mode soak" > /dev/null && (( SECONDS - t0 < ${1:-300} )); do sleep 2; done
+    cp /root/s9/soak-32-clients-600s.json /root/s9/soak.log "$RES/" 2>/dev/null || true
+    python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print({k: v for k, v in j.items() if k != 'slot_free_ms'})" "$RES/soak-32-clients-600s.json" || true
 }
 
 "$@"

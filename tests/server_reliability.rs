@@ -1,0 +1,221 @@
+//! Scheduling and shutdown of `pipeshard-server` under load, on the default
+//! model (issue 17):
+//! - SIGTERM while one long decode runs: the decode is aborted at the end
+//!   of the grace period (patch 0010's abort callback), not waited for;
+//! - a request with `n_cmpl` equal to the number of slots starts while
+//!   other clients keep every slot busy (patch 0014's reservation);
+//! - a client that disconnects frees its slot within a poll, also while
+//!   other streams keep the server producing results (patch 0015).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use pipeshard::fuzz::http::cases::http_request;
+use pipeshard::fuzz::http::{ServerProc, ServerSpec};
+use serde_json::{json, Value};
+
+fn server(name: &str, args: &[&str]) -> ServerProc {
+    let dir = common::scratch_dir(name);
+    let spec = ServerSpec {
+        bin: env!("CARGO_BIN_EXE_pipeshard-server").into(),
+        model: common::default_model_path(),
+        args: args.iter().map(|s| s.to_string()).collect(),
+        log: dir.join("server.log"),
+    };
+    ServerProc::start(&spec, Duration::from_secs(120)).expect("starting the server")
+}
+
+/// Send `body` to `/completion` on a new connection, without reading.
+fn send_completion(s: &ServerProc, body: &Value) -> TcpStream {
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    let req = http_request(
+        "POST",
+        "/completion",
+        &[("Content-Type".into(), "application/json".into())],
+        &serde_json::to_vec(body).unwrap(),
+        true,
+    );
+    c.write_all(&req).unwrap();
+    c
+}
+
+/// The slot `id` from `/slots`, if it answers.
+fn slot(s: &ServerProc, id: u64) -> Option<Value> {
+    s.slots()?.into_iter().find(|v| v["id"] == json!(id))
+}
+
+fn wait_processing(s: &ServerProc, id: u64, within: Duration) {
+    let t0 = Instant::now();
+    while t0.elapsed() < within {
+        if slot(s, id).is_some_and(|v| v["is_processing"] == json!(true)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("slot {id} did not start within {within:?}");
+}
+
+/// Sets the flag when dropped, also while a panic unwinds, so that the
+/// threads of a scope that watch it end and the panic is reported.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A prompt of about `n` tokens of the default model.
+fn long_prompt(n: usize) -> String {
+    "The quick brown fox jumps over the lazy dog. ".repeat(n / 10)
+}
+
+#[test]
+fn sigterm_aborts_a_decode_running_at_the_deadline() {
+    // One decode of a 3,500-token prompt takes several seconds on two
+    // threads (ubatch 4096): far longer than the 1 s grace period.
+    let mut s = server(
+        "abort-decode",
+        &[
+            "-c",
+            "4096",
+            "-b",
+            "4096",
+            "-ub",
+            "4096",
+            "-np",
+            "1",
+            "-t",
+            "2",
+            "--shutdown-timeout",
+            "1",
+        ],
+    );
+    let mut c = send_completion(
+        &s,
+        &json!({"prompt": long_prompt(3500), "n_predict": 8, "cache_prompt": false}),
+    );
+    wait_processing(&s, 0, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(200));
+    let t_sig = Instant::now();
+    s.signal("TERM").unwrap();
+    let status = s.wait_exit(Duration::from_secs(30)).expect("no exit within 30 s");
+    let exit_s = t_sig.elapsed().as_secs_f64();
+    let log = std::fs::read_to_string(&s.log).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "{log}");
+    // The decode was running at the deadline and was aborted there.
+    assert!(log.contains("ret = 2"), "the decode was not aborted:\n{log}");
+    assert!(exit_s <= 2.0, "exit {exit_s:.2} s after SIGTERM, grace 1 s:\n{log}");
+    // Its client got the reason.
+    let mut answer = Vec::new();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = c.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("the server is shutting down"), "{answer}");
+}
+
+#[test]
+fn n_cmpl_equal_to_the_slots_starts_under_load() {
+    let s = server("n-cmpl-reservation", &["-c", "2048", "-np", "4", "-t", "2"]);
+    let stop = AtomicBool::new(false);
+    let answers = std::thread::scope(|scope| {
+        // Eight clients for four slots (the fuzzer's setting): a slot that
+        // frees always has single-slot requests waiting for it.
+        for i in 0..8u64 {
+            let (s, stop) = (&s, &stop);
+            scope.spawn(move || {
+                let mut k = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let body = json!({"prompt": "Tell me a story.", "n_predict": 8, "temperature": 0.8,
+                        "seed": i * 1000 + k});
+                    let _ = s.post("/completion", &body, Duration::from_secs(120));
+                    k += 1;
+                }
+            });
+        }
+        let _stop = StopOnDrop(&stop);
+        std::thread::sleep(Duration::from_secs(2));
+        (0..3)
+            .map(|_| {
+                let t0 = Instant::now();
+                let r = s.post(
+                    "/completion",
+                    &json!({"prompt": "Once upon a time", "n_predict": 8, "n_cmpl": 4}),
+                    Duration::from_secs(60),
+                );
+                (r, t0.elapsed())
+            })
+            .collect::<Vec<_>>()
+    });
+    let waits: Vec<Duration> = answers.iter().map(|(_, w)| *w).collect();
+    eprintln!("n_cmpl 4 answered after {waits:?}");
+    for (r, waited) in answers {
+        let (code, body) = r.unwrap_or_else(|o| panic!("n_cmpl 4 not answered within 60 s: {o:?}"));
+        assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v.as_array().map(|a| a.len()), Some(4), "{v}");
+        // It waits only for the tasks running when it came (8 tokens each),
+        // not for a moment when the other clients leave four slots free.
+        assert!(waited < Duration::from_secs(10), "started after {waited:?}: {waits:?}");
+    }
+}
+
+#[test]
+fn a_disconnected_client_frees_its_slot_while_other_streams_run() {
+    let s = server("disconnect", &["-c", "8192", "-np", "2", "-t", "2"]);
+    // A stream on slot 1 keeps results coming, which woke the waiting HTTP
+    // threads and postponed their check of their own client.
+    let mut stream = send_completion(
+        &s,
+        &json!({"prompt": "Once upon a time", "n_predict": 100000, "ignore_eos": true, "stream": true, "id_slot": 1}),
+    );
+    let stop = AtomicBool::new(false);
+    let freed_ms = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut buf = [0u8; 4096];
+            stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let _ = stream.read(&mut buf);
+            }
+        });
+        let _stop = StopOnDrop(&stop);
+        let mut freed_ms = Vec::new();
+        for _ in 0..3 {
+            // A non-streaming request writes nothing until it ends, so only
+            // the poll notices that its client has gone.
+            let c = send_completion(
+                &s,
+                &json!({"prompt": "Write a long essay.", "n_predict": 3000, "ignore_eos": true, "id_slot": 0}),
+            );
+            wait_processing(&s, 0, Duration::from_secs(30));
+            std::thread::sleep(Duration::from_millis(500));
+            let t_drop = Instant::now();
+            c.shutdown(std::net::Shutdown::Both).unwrap();
+            drop(c);
+            let mut freed = None;
+            while t_drop.elapsed() < Duration::from_secs(20) {
+                if slot(&s, 0).is_some_and(|v| v["is_processing"] != json!(true)) {
+                    freed = Some(t_drop.elapsed().as_secs_f64() * 1000.0);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            freed_ms.push(freed.expect("slot 0 still busy 20 s after its client left"));
+        }
+        freed_ms
+    });
+    eprintln!("slot freed after the disconnect: {freed_ms:?} ms");
+    let busy = slot(&s, 1).unwrap();
+    assert_eq!(busy["is_processing"], json!(true), "the other stream ended: {busy}");
+    for ms in &freed_ms {
+        assert!(
+            *ms < 1000.0,
+            "slot 0 freed {ms:.0} ms after its client left: {freed_ms:?}"
+        );
+    }
+}
