@@ -1238,6 +1238,7 @@ s9vl() {
     bash scripts/device/server-bench.sh vl "$name" || true
     grep -E "vision encoder|pipeshard plan for" "$RES/$name.log" | tail -3
     vrun "$name-run" 1080p --vram-budget 4GiB --profile "$RES/profile.yaml" || true
+}
 
 # Session 9, issue 17 (CPU only, the GPU unused; the default model's parts
 # put into /root/smol by an earlier call on the same warm machine, dist/
