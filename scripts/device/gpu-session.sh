@@ -1152,4 +1152,14 @@ zmoe2() {
     P=dist/base/pipeshard one r2-base2 r2 4GiB pipeshard
     GGML_SCHED_TIMING=1 one r2-new2 r2 4GiB pipeshard
 }
+# zmoe3 (after zunstash, dist/ and dist/base/ carried): the branch's final
+# build (patch 0019, the planner's own hybrid share) against the base.
+zmoe3() {
+    zmoe_prep
+    P=dist/base/pipeshard one r2-base r2 4GiB pipeshard
+    one r2-new r2 4GiB pipeshard
+    one r2-new-k4 r2 4GiB pipeshard --hybrid-experts 4
+    P=dist/base/pipeshard one r2-base2 r2 4GiB pipeshard
+    one r2-new2 r2 4GiB pipeshard
+}
 "$@"
