@@ -1290,5 +1290,77 @@ s9collect() {
     python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print({k: v for k, v in j.items() if k != 'slot_free_ms'})" "$RES/soak-32-clients-600s.json" || true
 }
 
+
+# Session 9, MoE decode (after zunstash on the same warm machine; dist/
+# carried with the base build in dist/base/: its binaries and libraries).
+# zmoe_prep: the modules into both builds.
+zmoe_prep() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    if [[ -d dist/base/lib ]]; then
+        cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist/base/lib/
+        cp dist/lib/libggml-cuda.so.stack dist/base/lib/ 2>/dev/null || true
+    fi
+}
+# zmoe1: R2 at 4 GiB, the base build against this one: bench rows with the
+# scheduler's per-graph host timing (GGML_SCHED_TIMING), this build with its
+# host worker thread off (GGML_SCHED_HOST_THREAD=0: that build also computed
+# the CPU split on a worker thread, which was slower and is not on the branch,
+# bench/results/h200-session9/moe-decode/host-worker-thread-tried.diff) and
+# with the old synchronous host copies (GGML_SCHED_SYNC_HOST_COPIES=1); the
+# server with one and four clients. (The `run` comparison failed in session
+# 9: the 4k prompt is 4524 tokens for R2's vocabulary, over the context.)
+zmoe1() {
+    zmoe_prep
+    export PIPESHARD_LOG=info,llama.cpp=debug   # ggml's info lines (the timing)
+    local sb=${SB:-scripts/device/server-bench.sh}
+    P=dist/base/pipeshard one r2-base r2 4GiB pipeshard
+    GGML_SCHED_TIMING=1 one r2-new r2 4GiB pipeshard
+    GGML_SCHED_TIMING=1 GGML_SCHED_HOST_THREAD=0 one r2-new-nothread r2 4GiB pipeshard
+    GGML_SCHED_TIMING=1 GGML_SCHED_SYNC_HOST_COPIES=1 one r2-new-sync r2 4GiB pipeshard
+    P=dist/base/pipeshard zrun r2-run-base r2 4GiB
+    zrun r2-run-new r2 4GiB
+    cmp "$RES/r2-run-base.out" "$RES/r2-run-new.out" && echo "run: same greedy output (base, new)"
+    GGML_SCHED_TIMING=1 one r2-new-k5 r2 4GiB pipeshard --hybrid-experts 5
+    PIPESHARD_SERVER=dist/base/pipeshard-server bash "$sb" r2_1 r2-1-base || true
+    GGML_SCHED_TIMING=1 bash "$sb" r2_1 r2-1-new || true
+    PIPESHARD_SERVER=dist/base/pipeshard-server bash "$sb" r2_4 r2-4-base || true
+    GGML_SCHED_TIMING=1 bash "$sb" r2_4 r2-4-new || true
+    P=dist/base/pipeshard one r2-base2 r2 4GiB pipeshard
+    GGML_SCHED_TIMING=1 one r2-new2 r2 4GiB pipeshard
+    grep -h "sched_compute_splits" "$RES"/r2-new.log "$RES"/r2-new-nothread.log "$RES"/r2-new-sync.log | cut -c1-400 | tail -12
+}
+# zmoe2 (after zunstash, dist/ carried with dist/base/): R2 at 4 GiB, the
+# base build against this one (the early/async host copies of patch 0019),
+# each hybrid share forced beside the planner's, with the scheduler's timing;
+# the server with one client, and with four with the hybrid split also for
+# ubatches of up to 4 tokens (PIPESHARD_HYBRID_DECODE_TOKENS=4).
+zmoe2() {
+    zmoe_prep
+    export PIPESHARD_LOG=info,llama.cpp=debug   # ggml's info lines (the timing)
+    local sb=${SB:-scripts/device/server-bench.sh} k
+    P=dist/base/pipeshard one r2-base r2 4GiB pipeshard
+    GGML_SCHED_TIMING=1 one r2-new r2 4GiB pipeshard
+    for k in 5 6 3; do
+        GGML_SCHED_TIMING=1 one r2-new-k$k r2 4GiB pipeshard --hybrid-experts $k
+    done
+    PIPESHARD_SERVER=dist/base/pipeshard-server bash "$sb" r2_1 r2-1-base || true
+    GGML_SCHED_TIMING=1 bash "$sb" r2_1 r2-1-new || true
+    PIPESHARD_SERVER=dist/base/pipeshard-server bash "$sb" r2_4 r2-4-base || true
+    GGML_SCHED_TIMING=1 PIPESHARD_HYBRID_DECODE_TOKENS=4 bash "$sb" r2_4 r2-4-new-hyb4 || true
+    P=dist/base/pipeshard one r2-base2 r2 4GiB pipeshard
+    GGML_SCHED_TIMING=1 one r2-new2 r2 4GiB pipeshard
+}
+# zmoe3 (after zunstash, dist/ and dist/base/ carried): the branch's final
+# build (patch 0019, the planner's own hybrid share) against the base.
+zmoe3() {
+    zmoe_prep
+    P=dist/base/pipeshard one r2-base r2 4GiB pipeshard
+    one r2-new r2 4GiB pipeshard
+    one r2-new-k4 r2 4GiB pipeshard --hybrid-experts 4
+    P=dist/base/pipeshard one r2-base2 r2 4GiB pipeshard
+    one r2-new2 r2 4GiB pipeshard
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results

@@ -71,10 +71,23 @@ pub struct Overheads {
     /// bench/results/h200-session5).
     #[serde(default = "default_layer_s")]
     pub layer_s: f64,
+    /// How much longer the CPU's expert matmuls take in a hybrid split
+    /// (patch 0006) than the profile's samples say, because the link reads
+    /// host memory for the GPU's part at the same time. On the H200 host the
+    /// CPU's part of R2's split at 4 GiB took 1.2–1.5 times its samples for
+    /// 2 to 5 experts per token (1.35 on average; the scheduler's timing,
+    /// bench/results/h200-session9/moe-decode.md), and with this factor the
+    /// cost model ranks the shares 3 to 6 as measured.
+    #[serde(default = "default_cpu_contention")]
+    pub hybrid_cpu_contention: f64,
 }
 
 fn default_layer_s() -> f64 {
     25e-6
+}
+
+fn default_cpu_contention() -> f64 {
+    1.35
 }
 
 impl Default for Overheads {
@@ -83,6 +96,7 @@ impl Default for Overheads {
             device_switch_s: 25e-6,
             stream_issue_s: 15e-6,
             layer_s: default_layer_s(),
+            hybrid_cpu_contention: default_cpu_contention(),
         }
     }
 }
@@ -247,7 +261,10 @@ impl<'a> CostModel<'a> {
     /// Seconds of one layer's routed experts (`experts`: its expert weight
     /// tensors, all in host memory) for a ubatch of `n` tokens when the GPU
     /// copies and computes `k` of each token's routed experts while the CPU
-    /// computes the others (patch 0006): the longer of the two parts.
+    /// computes the others (patch 0006): the longer of the two parts. The
+    /// CPU's part starts once the host has issued the GPU's copies and
+    /// launches, and shares host memory with those copies
+    /// ([`Overheads::hybrid_cpu_contention`]).
     pub fn hybrid_seconds(&self, experts: &[&ModelTensor], n: u64, k: u32) -> f64 {
         let bw = self.link_bw();
         if bw <= 0.0 {
@@ -264,7 +281,9 @@ impl<'a> CostModel<'a> {
             gpu += t.nbytes as f64 * touched / bw
                 + self.overheads.stream_issue_s
                 + self.experts_seconds(t, n, Device::Gpu, k as u64);
-            cpu += self.experts_seconds(t, n, Device::Cpu, used.saturating_sub(k as u64).max(1));
+            cpu += self.overheads.stream_issue_s
+                + self.overheads.hybrid_cpu_contention
+                    * self.experts_seconds(t, n, Device::Cpu, used.saturating_sub(k as u64).max(1));
         }
         gpu.max(cpu)
     }
