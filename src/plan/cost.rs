@@ -348,15 +348,21 @@ impl<'a> CostModel<'a> {
         }
     }
 
-    /// Seconds host memory needs to deliver `bytes` while the CPU and the
-    /// link's copies read it at the same time
-    /// ([`MachineProfile::host_read_bw_with_link`]: on the H200 host 90-95
-    /// GB/s together, where the CPU's Q4_0 matvec alone reads ~58-66 GB/s and
-    /// the link ~55 GB/s); 0 where the profile has no such figure.
-    pub fn host_read_seconds(&self, bytes: f64) -> f64 {
+    /// How fast the CPU's part of a row split runs while the link copies,
+    /// relative to alone: host memory serves the copies at the link's rate
+    /// and the CPU what is left of
+    /// [`MachineProfile::host_read_bw_with_link`] (on the H200 host 90-95
+    /// GB/s together: ~37 GB/s beside 55 GB/s of copies, where the CPU's
+    /// Q4_0 matvec alone reads ~58-66 GB/s). `parts` gives the CPU's and
+    /// the link's rates; 1 where the profile has no such figure.
+    pub fn cpu_rate_beside_copies(&self, parts: &SplitParts) -> f64 {
         match self.profile.host_read_bw_with_link {
-            Some(bw) if bw > 0.0 => bytes / bw,
-            _ => 0.0,
+            Some(total) if parts.cpu > 0.0 && parts.link > 0.0 && parts.bytes > 0.0 => {
+                let cpu_bw = parts.bytes / parts.cpu;
+                let link_bw = parts.bytes / parts.link;
+                ((total - link_bw) / cpu_bw).clamp(0.05, 1.0)
+            }
+            _ => 1.0,
         }
     }
 
