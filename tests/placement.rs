@@ -3,7 +3,8 @@
 //! with the ubatch size of the tier it runs in. And the weight-streaming
 //! schedule of patch 0003 (the scheduler's own code): slot rotation and the
 //! order of copies, events and computes; and that the hybrid-expert hooks
-//! of patches 0005/0006 change nothing without a GPU.
+//! of patches 0005/0006 change nothing without a GPU. And the dense row
+//! split of patch 0017 on the CPU alone: the same rows, split in two ops.
 
 mod common;
 
@@ -12,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use pipeshard::engine::{
     buffer_types, stream_schedule, Context, ContextParams, Model, ModelParams, MoeSplitPolicy, Offload, OffloadPolicy,
-    OpKind, SamplingParams, StreamStep, TensorPlacement,
+    OpKind, RowSplitPolicy, SamplingParams, StreamStep, TensorPlacement,
 };
 use pipeshard::generate::{generate, GenerateRequest};
 
@@ -274,4 +275,75 @@ fn hybrid_experts_without_a_gpu_change_nothing() {
     let b = generate(&mut split, &req, |_| true).unwrap();
     assert_eq!(a.tokens, b.tokens);
     assert_eq!(*asked.lock().unwrap(), 0, "asked without a GPU to split to");
+}
+
+#[test]
+fn row_split_on_the_cpu_computes_the_same_rows() {
+    // Patch 0017 without a GPU: both parts of a split weight run on the CPU
+    // (the first backend is the CPU itself). Each output row is the same dot
+    // product as in the whole op, so the logits are bit for bit those of the
+    // plain context, in the prompt's ubatch and in decode alike.
+    pipeshard::engine::init(None).unwrap();
+    let path = common::default_model_path();
+    // Plain CPU buffers: a repacked weight (CPU_REPACK) is never split.
+    let cpu = buffer_types().into_iter().find(|b| b.name() == "CPU").unwrap();
+    let placement: TensorPlacement = Arc::new(move |_: &str| Some(cpu));
+    let model = Model::load(
+        &path,
+        ModelParams {
+            n_gpu_layers: 0,
+            placement: Some(placement),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let params = common::small_context_params();
+    let prompt = model.tokenize(&"the quick brown fox ".repeat(8), true, false).unwrap();
+    let req = GenerateRequest::new(prompt.clone(), 12, SamplingParams::greedy());
+
+    let mut plain = Context::new(&model, params.clone()).unwrap();
+    let a = generate(&mut plain, &req, |_| true).unwrap();
+    plain.clear();
+    plain.decode_tokens(&prompt, 0, true).unwrap();
+    let logits_a = plain.logits(-1).unwrap().to_vec();
+
+    let asked: Arc<Mutex<BTreeMap<String, BTreeSet<u32>>>> = Arc::default();
+    let seen = asked.clone();
+    let policy: RowSplitPolicy = Arc::new(move |name: &str, rows: u64, n_tokens: u32| {
+        seen.lock()
+            .unwrap()
+            .entry(name.to_string())
+            .or_default()
+            .insert(n_tokens);
+        // An odd share of whole blocks: the GPU's part starts mid-matrix.
+        rows / 32 * 11 / 32 * 32
+    });
+    let mut split = Context::new(
+        &model,
+        ContextParams {
+            row_split: Some(policy),
+            ..params
+        },
+    )
+    .unwrap();
+    let b = generate(&mut split, &req, |_| true).unwrap();
+    assert_eq!(a.tokens, b.tokens);
+    split.clear();
+    split.decode_tokens(&prompt, 0, true).unwrap();
+    let logits_b = split.logits(-1).unwrap().to_vec();
+    assert!(logits_a == logits_b, "split logits differ from the whole ops'");
+
+    let asked = asked.lock().unwrap().clone();
+    let n_layer = model.n_layer() as usize;
+    for role in ["ffn_up", "ffn_gate", "ffn_down"] {
+        let n = asked.keys().filter(|k| k.contains(role)).count();
+        assert_eq!(n, n_layer, "{role} asked in {n} of {n_layer} layers: {asked:?}");
+    }
+    let tiers: BTreeSet<u32> = asked.values().flatten().copied().collect();
+    assert!(tiers.contains(&1), "decode not asked: {tiers:?}");
+    assert!(tiers.iter().any(|&n| n > 1), "the prompt not asked: {tiers:?}");
+    assert!(
+        asked.keys().all(|k| !k.contains("attn") && !k.contains("output")),
+        "only feed-forward weights split: {asked:?}"
+    );
 }

@@ -155,7 +155,10 @@ fn a_budget_that_holds_everything_keeps_everything_resident() {
 fn tiers_choose_streaming_for_prefill_and_cpu_for_decode_when_tight() {
     let profile = fixture();
     let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
-    let p = plan::make_plan(&info, &profile, &PlanRequest::new(2 * GIB, 4352)).unwrap();
+    // Without the dense row split (see decode_splits_host_ffn_rows_between_cpu_and_link).
+    let mut req = PlanRequest::new(2 * GIB, 4352);
+    req.dense_split = Some(0.0);
+    let p = plan::make_plan(&info, &profile, &req).unwrap();
     let host: Vec<_> = p
         .tensors
         .iter()
@@ -510,9 +513,11 @@ fn exact_plans_run_every_op_on_the_gpu_and_cost_decode_speed() {
         // The default plan computes some host weights on the CPU in decode;
         // the exact one streams every host weight in every tier.
         let on_cpu = |p: &plan::Plan| {
-            p.tensors
-                .iter()
-                .any(|t| t.exec.iter().any(|(_, e)| matches!(e, Exec::Cpu | Exec::Hybrid)))
+            p.tensors.iter().any(|t| {
+                t.exec
+                    .iter()
+                    .any(|(_, e)| matches!(e, Exec::Cpu | Exec::Hybrid | Exec::Split))
+            })
         };
         assert!(on_cpu(&default), "{arch}: the default plan uses the CPU");
         assert!(!default.exact);
@@ -523,6 +528,8 @@ fn exact_plans_run_every_op_on_the_gpu_and_cost_decode_speed() {
             .filter(|t| !t.resident)
             .all(|t| t.exec.iter().all(|(_, e)| *e == Exec::Stream)));
         assert_eq!(exact.hybrid_gpu_experts, 0);
+        assert_eq!(exact.row_split_share, 0.0);
+        assert!(exact.tensors.iter().all(|t| t.gpu_share.is_empty()));
         // Every layer's KV cache stays on the GPU: a layer with its cache in
         // host memory is a CPU layer to llama.cpp, whose norms run on the CPU
         // in decode (R1's exact plan with host KV diverged at token 11 on
@@ -552,6 +559,154 @@ fn exact_plans_run_every_op_on_the_gpu_and_cost_decode_speed() {
         ..Default::default()
     };
     assert!(launch::LaunchRequest::new(Path::new("m.gguf"), &opts, 4, Default::default()).is_err());
+    let opts = launch::PipeshardOptions {
+        exact: true,
+        dense_split: Some(0.5),
+        ..Default::default()
+    };
+    assert!(launch::LaunchRequest::new(Path::new("m.gguf"), &opts, 4, Default::default()).is_err());
+    // An exact plan never splits, even when a share is asked for.
+    let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let mut req = PlanRequest::new(2 * GIB, 4352);
+    req.exact = true;
+    req.dense_split = Some(0.5);
+    let p = plan::make_plan(&info, &profile, &req).unwrap();
+    assert_eq!(p.row_split_share, 0.0);
+    assert!(p.tensors.iter().all(|t| t.exec.iter().all(|(_, e)| *e != Exec::Split)));
+}
+
+#[test]
+fn decode_splits_host_ffn_rows_between_cpu_and_link() {
+    // R1 at 2 GiB: decode is bound by the CPU reading the host FFN weights
+    // while the link idles, so the planner gives the GPU a share of their
+    // rows; prefill streams them whole.
+    let mut profile = fixture();
+    let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let req = PlanRequest::new(2 * GIB, 4352);
+    let p = plan::make_plan(&info, &profile, &req).unwrap();
+    assert!(
+        p.row_split_share > 0.0 && p.row_split_share < 1.0,
+        "{}",
+        p.row_split_share
+    );
+    let host_ffn: Vec<_> = p
+        .tensors
+        .iter()
+        .filter(|t| !t.resident && (t.role == "FfnUp" || t.role == "FfnGate" || t.role == "FfnDown"))
+        .collect();
+    assert!(!host_ffn.is_empty());
+    for t in &host_ffn {
+        assert_eq!(
+            t.exec.iter().find(|(n, _)| *n == 1).map(|x| x.1),
+            Some(Exec::Split),
+            "{}",
+            t.name
+        );
+        assert_eq!(t.gpu_share, vec![(1, p.row_split_share)], "{}", t.name);
+        assert_eq!(
+            t.exec.iter().find(|(n, _)| *n == p.ubatch).map(|x| x.1),
+            Some(Exec::Stream),
+            "{}",
+            t.name
+        );
+    }
+    // Only host feed-forward weights split, and only in decode.
+    for t in &p.tensors {
+        let split = t.exec.iter().any(|(_, e)| *e == Exec::Split);
+        assert_eq!(
+            split,
+            !t.resident && host_ffn.iter().any(|h| h.name == t.name),
+            "{}",
+            t.name
+        );
+    }
+    assert!(p.vram.total <= req.budget);
+
+    // The split beats the CPU alone, and the chosen share beats the others.
+    let mut off = req.clone();
+    off.dense_split = Some(0.0);
+    let alone = plan::make_plan(&info, &profile, &off).unwrap();
+    assert_eq!(alone.row_split_share, 0.0);
+    assert!(alone.tensors.iter().all(|t| t.gpu_share.is_empty()));
+    assert!(
+        p.predicted.decode_tok_s > 1.3 * alone.predicted.decode_tok_s,
+        "{} vs {}",
+        p.predicted.decode_tok_s,
+        alone.predicted.decode_tok_s
+    );
+    let cm = |profile: &pipeshard::profile::MachineProfile| {
+        let mut cm = plan::CostModel::new(&info, profile, req.streaming(), true, req.overheads, None);
+        cm.dense_split = None;
+        plan::predict(&info, &cm, &p).decode_tok_s
+    };
+    let chosen = cm(&profile);
+    assert!((chosen - p.predicted.decode_tok_s).abs() < 1e-6 * chosen);
+    for share in [0.1, 0.3, 0.5, 0.7, 0.9] {
+        let mut forced = req.clone();
+        forced.dense_split = Some(share);
+        let f = plan::make_plan(&info, &profile, &forced).unwrap();
+        assert_eq!(f.row_split_share, share);
+        assert!(
+            f.predicted_seconds() >= p.predicted_seconds() - 1e-9,
+            "share {share}: {} < {}",
+            f.predicted_seconds(),
+            p.predicted_seconds()
+        );
+    }
+
+    // Host memory that cannot feed the CPU and the link at their full rates
+    // together slows the CPU's part while the copies run: the GPU takes a
+    // larger share, and decode predicts slower (still faster than the CPU
+    // alone), never faster than host memory delivers the step's host bytes.
+    // (The fixture's link copies 53.6 GB/s.)
+    profile.host_read_bw_with_link = Some(120e9);
+    let contended = plan::make_plan(&info, &profile, &req).unwrap();
+    assert!(
+        contended.row_split_share > p.row_split_share,
+        "{} vs {}",
+        contended.row_split_share,
+        p.row_split_share
+    );
+    assert!(contended.predicted.decode_tok_s < p.predicted.decode_tok_s);
+    assert!(contended.predicted.decode_tok_s > alone.predicted.decode_tok_s);
+    // Host memory that serves no more than the link: the CPU's part crawls
+    // beside the copies, and decode predicts no faster than that.
+    profile.host_read_bw_with_link = Some(53.6e9);
+    let saturated = plan::make_plan(&info, &profile, &req).unwrap();
+    assert!(saturated.predicted.decode_tok_s < contended.predicted.decode_tok_s);
+    let host: u64 = contended.tensors.iter().filter(|t| !t.resident).map(|t| t.bytes).sum();
+    assert!(
+        contended.predicted.decode_tok_s <= 120e9 / host as f64 + 1e-6,
+        "{} tok/s from {host} host bytes per token",
+        contended.predicted.decode_tok_s
+    );
+
+    // Saved plans keep the shares; plans saved before the split load without.
+    let yaml = plan::render(&p, plan::Format::Yaml);
+    assert!(yaml.contains("gpu_share") && yaml.contains("row_split_share"));
+    let back: plan::Plan = serde_yaml::from_str(&yaml).unwrap();
+    assert_eq!(back.tensors, p.tensors);
+    assert_eq!(back.row_split_share, p.row_split_share);
+    let old: plan::Plan = serde_yaml::from_str(&plan::render(&alone, plan::Format::Yaml)).unwrap();
+    assert_eq!(old.row_split_share, 0.0);
+    let text = plan::render(&p, plan::Format::Table);
+    assert!(text.contains("row split:"), "{text}");
+
+    // The policy the engine gets: rows in whole blocks per weight in decode,
+    // none in prefill and for weights that do not split.
+    let rs = plan::apply::row_split_policy(&p).expect("a row-split policy");
+    let rows = 14336;
+    let n = rs(&host_ffn[0].name, rows, 1);
+    assert!(n > 0 && n < rows && n % 32 == 0, "{n}");
+    assert_eq!(n, plan::apply::gpu_rows(rows, p.row_split_share));
+    assert_eq!(rs(&host_ffn[0].name, rows, p.ubatch), 0);
+    assert_eq!(
+        rs(&host_ffn[0].name, rows, 7),
+        0,
+        "a small prompt chunk runs the ubatch's tier"
+    );
+    assert_eq!(rs("blk.0.attn_q.weight", 4096, 1), 0);
+    assert!(plan::apply::row_split_policy(&alone).is_none());
 }
 
 #[test]
@@ -607,9 +762,9 @@ fn speculation_adds_a_verification_tier_with_its_own_decisions() {
     // with decode or prefill.
     let exec = |t: &plan::PlannedTensor, n: u32| t.exec.iter().find(|(m, _)| *m == n).map(|x| x.1);
     assert!(
-        p.tensors
-            .iter()
-            .any(|t| !t.resident && exec(t, 1) == Some(Exec::Cpu) && exec(t, 8) == Some(Exec::Stream)),
+        p.tensors.iter().any(|t| !t.resident
+            && matches!(exec(t, 1), Some(Exec::Cpu | Exec::Split))
+            && exec(t, 8) == Some(Exec::Stream)),
         "no weight changes exec between decode and verification"
     );
     let s = p.predicted.speculation.expect("a speculative prediction");

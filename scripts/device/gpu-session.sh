@@ -1362,5 +1362,26 @@ zmoe3() {
     one r2-new2 r2 4GiB pipeshard
 }
 
+# zrowsplit (after zunstash, dist/ carried): the dense row split (patch
+# 0017). R1 at 2 GiB with the planner's share, with the split off, and with
+# forced shares; R2 at 4 GiB with its default policy. RSPROF: a profile to
+# plan with instead of the repository's (e.g. with host_read_bw_with_link);
+# RSSHARES: the forced shares; RSTAG: a suffix for a second round's names
+# (which then runs only the plan, the shares and the 4k-prompt run).
+zrowsplit() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    [[ -n ${RSPROF:-} ]] && cp "$RSPROF" "$RES/profile.yaml"
+    one "rs-r1-2g-plan${RSTAG:-}" r1 2GiB pipeshard
+    [[ -n ${RSTAG:-} ]] || PIPESHARD_DENSE_SPLIT=0 one rs-r1-2g-off r1 2GiB pipeshard
+    local f
+    for f in ${RSSHARES:-0.3 0.45 0.6 0.75}; do
+        PIPESHARD_DENSE_SPLIT=$f one "rs-r1-2g-f$f${RSTAG:-}" r1 2GiB pipeshard
+    done
+    zrun "rs-r1-2g-run4k${RSTAG:-}" r1 2GiB
+    [[ -n ${RSTAG:-} ]] || one rs-r2-4g r2 4GiB pipeshard
+    grep -h "row split" "$RES"/rs-*.log | sort | uniq -c || true
+}
+
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results

@@ -225,14 +225,15 @@ pub fn run_policy(
             (
                 mp,
                 format!(
-                    "ub {}, {} resident, {} streamed per ubatch, {} slots, KV {}/{} layers, hybrid experts {}",
+                    "ub {}, {} resident, {} streamed per ubatch, {} slots, KV {}/{} layers, hybrid experts {}, row split {:.0}% GPU",
                     p.ubatch,
                     plan::fmt_bytes(p.resident_bytes()),
                     plan::fmt_bytes(streamed),
                     ctx_params.stream_slots,
                     p.kv_gpu_layers,
                     p.n_layer,
-                    p.hybrid_gpu_experts
+                    p.hybrid_gpu_experts,
+                    p.row_split_share * 100.0
                 ),
             )
         }

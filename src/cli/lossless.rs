@@ -198,7 +198,7 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
         let secs = t.elapsed().as_secs_f64();
         let c = compare(&reference, &planned);
         eprintln!(
-            "{label}: {} greedy tokens {}; max |logit diff| {} over {} steps (plan: {} resident, KV {}/{} layers on the GPU, hybrid experts {}, predicted {:.1} tok/s)",
+            "{label}: {} greedy tokens {}; max |logit diff| {} over {} steps (plan: {} resident, KV {}/{} layers on the GPU, hybrid experts {}, row split {:.0}% GPU, predicted {:.1} tok/s)",
             c.n_tokens,
             match c.first_divergence {
                 None => "identical to the full-GPU run".to_string(),
@@ -210,6 +210,7 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
             plan.kv_gpu_layers,
             plan.n_layer,
             plan.hybrid_gpu_experts,
+            plan.row_split_share * 100.0,
             plan.predicted.decode_tok_s,
         );
         if plan.exact {
@@ -224,6 +225,7 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
                 "resident_bytes": plan.resident_bytes(),
                 "kv_gpu_layers": plan.kv_gpu_layers,
                 "hybrid_gpu_experts": plan.hybrid_gpu_experts,
+                "row_split_share": plan.row_split_share,
                 "predicted_decode_tok_s": plan.predicted.decode_tok_s,
                 "load_and_generate_s": secs,
                 "n_tokens": c.n_tokens,

@@ -288,6 +288,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
                 stream_slots: 0,
                 stream_routed_max: 0,
                 moe_split: None,
+                row_split: None,
                 ..ctx_params.clone()
             };
             Some(Context::new(m, params).context("creating the draft model's context")?)

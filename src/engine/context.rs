@@ -7,7 +7,9 @@ use super::error::{EngineError, Result};
 use super::ffi;
 use super::memory::{BufferType, MemoryBreakdown};
 use super::model::{Model, Token};
-use super::placement::{moe_split_trampoline, offload_trampoline, MoeSplitPolicy, OffloadPolicy};
+use super::placement::{
+    moe_split_trampoline, offload_trampoline, row_split_trampoline, MoeSplitPolicy, OffloadPolicy, RowSplitPolicy,
+};
 
 /// Whether to use flash attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -60,6 +62,10 @@ pub struct ContextParams {
     /// run on the GPU, per layer and ubatch size, in layers whose experts
     /// live in host memory; the CPU computes the others at the same time.
     pub moe_split: Option<MoeSplitPolicy>,
+    /// Dense row split (patch 0017): how many rows of each host feed-forward
+    /// weight the GPU computes, per ubatch size, streaming only those, while
+    /// the CPU computes the others at the same time.
+    pub row_split: Option<RowSplitPolicy>,
     /// Most outputs (logits rows) one ubatch may request; 0 = `n_batch`.
     /// The compute buffer holds this many rows of logits, so a context that
     /// only samples each sequence's last token can set it to `n_seq_max`.
@@ -86,6 +92,7 @@ impl Default for ContextParams {
             stream_slots: 0,
             stream_routed_max: 0,
             moe_split: None,
+            row_split: None,
             n_outputs_max: 0,
         }
     }
@@ -104,13 +111,18 @@ impl std::fmt::Debug for ContextParams {
             .field("stream_slots", &self.stream_slots)
             .field("stream_routed_max", &self.stream_routed_max)
             .field("moe_split", &self.moe_split.as_ref().map(|_| "custom"))
+            .field("row_split", &self.row_split.as_ref().map(|_| "custom"))
             .finish_non_exhaustive()
     }
 }
 
 /// Callbacks installed into a `llama_context_params`; they must live as
 /// long as the context.
-pub(crate) type ContextCallbacks = (Option<Box<OffloadPolicy>>, Option<Box<MoeSplitPolicy>>);
+pub(crate) type ContextCallbacks = (
+    Option<Box<OffloadPolicy>>,
+    Option<Box<MoeSplitPolicy>>,
+    Option<Box<RowSplitPolicy>>,
+);
 
 impl ContextParams {
     /// Write these parameters into llama.cpp's `cp`. The returned callbacks
@@ -151,7 +163,12 @@ impl ContextParams {
             cp.moe_split_cb = Some(moe_split_trampoline);
             cp.moe_split_cb_user_data = &**pol as *const MoeSplitPolicy as *mut std::ffi::c_void;
         }
-        (offload, moe_split)
+        let row_split = self.row_split.clone().map(Box::new);
+        if let Some(pol) = &row_split {
+            cp.row_split_cb = Some(row_split_trampoline);
+            cp.row_split_cb_user_data = &**pol as *const RowSplitPolicy as *mut std::ffi::c_void;
+        }
+        (offload, moe_split, row_split)
     }
 
     /// The parameters `cp` holds, as far as these fields describe them.
@@ -178,6 +195,7 @@ impl ContextParams {
             stream_slots: cp.n_stream_slots.max(0) as u32,
             stream_routed_max: cp.n_stream_routed_max.max(0) as u32,
             moe_split: None,
+            row_split: None,
             n_outputs_max: cp.n_outputs_max,
         }
     }
@@ -200,6 +218,7 @@ pub struct Context<'m> {
     // Boxed so its address stays fixed while the scheduler holds it.
     _offload: Option<Box<OffloadPolicy>>,
     _moe_split: Option<Box<MoeSplitPolicy>>,
+    _row_split: Option<Box<RowSplitPolicy>>,
 }
 
 // SAFETY: a llama_context may move between threads; it is not shared (no Sync).
@@ -225,7 +244,7 @@ impl<'m> Context<'m> {
         }
         // SAFETY: default params are plain data.
         let mut cp = unsafe { ffi::llama_context_default_params() };
-        let (offload, moe_split) = params.write_c(&mut cp);
+        let (offload, moe_split, row_split) = params.write_c(&mut cp);
         cp.no_perf = false;
         // SAFETY: model is valid for 'm, which the context cannot outlive.
         let raw = unsafe { ffi::llama_init_from_model(model.as_ptr(), cp) };
@@ -247,6 +266,7 @@ impl<'m> Context<'m> {
             embeddings: params.embeddings,
             _offload: offload,
             _moe_split: moe_split,
+            _row_split: row_split,
         })
     }
 

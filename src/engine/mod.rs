@@ -41,7 +41,8 @@ pub use memory::{
 pub use memory_sampler::{current_rss, process_device_bytes, MemoryPeaks, MemorySampler, MemorySource};
 pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
 pub use placement::{
-    stream_schedule, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery, OpKind, StreamStep, TensorPlacement,
+    stream_schedule, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery, OpKind, RowSplitPolicy, StreamStep,
+    TensorPlacement,
 };
 pub use sampler::{Sampler, SamplingParams};
 pub use server::{

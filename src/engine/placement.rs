@@ -18,6 +18,12 @@ pub type OffloadPolicy = Arc<dyn Fn(&OffloadQuery<'_>) -> Offload + Send + Sync>
 /// them) keeps the layer's experts together.
 pub type MoeSplitPolicy = Arc<dyn Fn(u32, u32) -> u32 + Send + Sync>;
 
+/// Dense row split (patch 0017): of the `rows` rows of the host weight
+/// `name` (a feed-forward up, gate or down matrix), how many the GPU computes
+/// for a ubatch of `n_tokens` tokens, streaming only those rows, while the
+/// CPU computes the others in place; 0 (or all of them) keeps the op whole.
+pub type RowSplitPolicy = Arc<dyn Fn(&str, u64, u32) -> u64 + Send + Sync>;
+
 /// The kind of op asking to be offloaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpKind {
@@ -106,6 +112,27 @@ pub(crate) unsafe extern "C" fn moe_split_trampoline(il: i32, n_tokens: i32, use
     let f = &*(user as *const MoeSplitPolicy);
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(il as u32, n_tokens as u32))) {
         Ok(n) => n.min(i32::MAX as u32) as i32,
+        Err(_) => 0,
+    }
+}
+
+pub(crate) unsafe extern "C" fn row_split_trampoline(
+    name: *const c_char,
+    n_rows: i64,
+    n_tokens: i32,
+    user: *mut c_void,
+) -> i64 {
+    if name.is_null() || user.is_null() || n_rows <= 0 || n_tokens < 0 {
+        return 0;
+    }
+    // SAFETY: user points at the RowSplitPolicy boxed inside the Context
+    // whose graphs ask it; name is the weight's NUL-terminated name.
+    let f = &*(user as *const RowSplitPolicy);
+    let name = CStr::from_ptr(name).to_string_lossy();
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        f(&name, n_rows as u64, n_tokens as u32)
+    })) {
+        Ok(n) => n.min(n_rows as u64) as i64,
         Err(_) => 0,
     }
 }

@@ -223,6 +223,7 @@ pub fn plan_request(
     pr.flash_attention = cp.flash_attention != FlashAttention::Off;
     pr.stream_slots = req.options.stream_slots;
     pr.hybrid_gpu_experts = req.options.hybrid_experts;
+    pr.dense_split = req.options.dense_split;
     pr.exact = req.options.exact;
     pr.vision_peak = req.vision.peak;
     let overhead = ProcessOverhead::for_machine(Some(profile), pr.n_ctx);

@@ -34,6 +34,12 @@ pub struct PipeshardOptions {
     /// split off. Default: the cost model's choice.
     #[arg(long = "hybrid-experts", env = "PIPESHARD_HYBRID_EXPERTS")]
     pub hybrid_experts: Option<u32>,
+    /// Dense row split: the share (0 to 1) of the rows of each dense
+    /// feed-forward weight in host memory that the GPU streams and computes
+    /// in decode while the CPU computes the others; 0 turns the split off.
+    /// Default: the cost model's choice.
+    #[arg(long = "dense-split", env = "PIPESHARD_DENSE_SPLIT", value_parser = parse_share)]
+    pub dense_split: Option<f64>,
     /// With a budget: streaming slots for the vision encoder's weights
     /// (0: llama.cpp's synchronous copies).
     #[arg(long = "vision-stream-slots", env = "PIPESHARD_VISION_STREAM_SLOTS",
@@ -57,9 +63,18 @@ impl Default for PipeshardOptions {
             plan: None,
             stream_slots: plan::DEFAULT_STREAM_SLOTS,
             hybrid_experts: None,
+            dense_split: None,
             vision_stream_slots: engine::VisionOptions::BUDGETED_STREAM_SLOTS,
             exact: false,
         }
+    }
+}
+
+/// A share between 0 and 1.
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(format!("{s:?} is not a share between 0 and 1")),
     }
 }
 
@@ -120,6 +135,11 @@ impl PipeshardOptions {
         if self.exact && self.hybrid_experts.is_some_and(|k| k > 0) {
             return Err(LaunchError::Options(
                 "--exact runs every op on the GPU, so it cannot split experts with the CPU (--hybrid-experts)".into(),
+            ));
+        }
+        if self.exact && self.dense_split.is_some_and(|f| f > 0.0) {
+            return Err(LaunchError::Options(
+                "--exact runs every op on the GPU, so it cannot split weights with the CPU (--dense-split)".into(),
             ));
         }
         Ok(())

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{tier_index, Exec, Plan};
 use crate::engine::{
     self, BufferType, ContextParams, DeviceKind, ModelParams, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery,
-    TensorPlacement,
+    RowSplitPolicy, TensorPlacement,
 };
 
 /// Why a plan cannot be applied on this machine.
@@ -34,6 +34,8 @@ pub struct Applied {
     pub stream_routed_max: u32,
     /// Hybrid experts per layer and ubatch size (patch 0006), if any.
     pub moe_split: Option<MoeSplitPolicy>,
+    /// Dense row split per weight and ubatch size (patch 0017), if any.
+    pub row_split: Option<RowSplitPolicy>,
     /// Logits rows each sequence needs per ubatch: one, or a speculative
     /// verification batch's.
     pub outputs_per_seq: u32,
@@ -55,6 +57,7 @@ impl Applied {
         params.stream_slots = self.stream_slots;
         params.stream_routed_max = self.stream_routed_max;
         params.moe_split = self.moe_split.clone();
+        params.row_split = self.row_split.clone();
         // The plan budgets the rows of logits each sequence samples (one
         // token, or a verification batch), not a row for every token of the
         // ubatch.
@@ -105,6 +108,7 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
             }
         }) as MoeSplitPolicy
     });
+    let row_split = row_split_policy(plan);
     let execs: HashMap<String, Vec<(u32, Exec)>> = plan
         .tensors
         .iter()
@@ -118,9 +122,9 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
         let tier = tier_of(q.n_tokens.max(1) as u32);
         match per_tier.iter().find(|(t, _)| *t == tier).map(|(_, e)| *e) {
             Some(Exec::Stream) => Offload::Gpu,
-            // A hybrid layer's GPU and CPU parts are placed by the graph
-            // itself; the CPU is where its experts' weights are.
-            Some(Exec::Cpu | Exec::Hybrid) => Offload::Cpu,
+            // A hybrid layer's or a split weight's GPU and CPU parts are
+            // placed by the graph itself; the CPU is where the weights are.
+            Some(Exec::Cpu | Exec::Hybrid | Exec::Split) => Offload::Cpu,
             _ => Offload::Default,
         }
     });
@@ -139,6 +143,59 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
         stream_slots: plan.stream_slots,
         stream_routed_max: plan.stream_routed_max,
         moe_split,
+        row_split,
         outputs_per_seq: plan.workload.speculation.map_or(1, |s| s.verify_tokens()),
     })
+}
+
+/// The dense row split of `plan` (patch 0017): for a weight and a ubatch
+/// size, the rows the GPU computes; `None` if no weight splits in any tier.
+pub fn row_split_policy(plan: &Plan) -> Option<RowSplitPolicy> {
+    // Per weight, the GPU's share of its rows in the tiers where it splits.
+    let shares: HashMap<String, Vec<(u32, f64)>> = plan
+        .tensors
+        .iter()
+        .filter(|t| !t.resident && !t.gpu_share.is_empty())
+        .map(|t| (t.name.clone(), t.gpu_share.clone()))
+        .collect();
+    let tiers = plan.tiers.clone();
+    (!shares.is_empty()).then(|| {
+        Arc::new(move |name: &str, rows: u64, n_tokens: u32| {
+            let tier = tiers
+                .get(tier_index(&tiers, n_tokens.max(1) as u64))
+                .copied()
+                .unwrap_or(1);
+            shares
+                .get(name)
+                .and_then(|s| s.iter().find(|(t, _)| *t == tier))
+                .map_or(0, |&(_, share)| gpu_rows(rows, share))
+        }) as RowSplitPolicy
+    })
+}
+
+/// Rows of a weight's `rows` the GPU computes for a share: whole blocks of
+/// 32 rows (the CPU's part starts the matrix, so the GPU's rows start on a
+/// block boundary too when `rows` is a multiple of 32).
+pub fn gpu_rows(rows: u64, share: f64) -> u64 {
+    if share.is_nan() || share <= 0.0 {
+        return 0;
+    }
+    let n = ((rows as f64 * share.min(1.0)) / 32.0).round() as u64 * 32;
+    n.min(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gpu_rows;
+
+    #[test]
+    fn gpu_rows_are_whole_blocks_within_the_matrix() {
+        assert_eq!(gpu_rows(14336, 0.0), 0);
+        assert_eq!(gpu_rows(14336, f64::NAN), 0);
+        assert_eq!(gpu_rows(14336, 0.5), 7168);
+        assert_eq!(gpu_rows(4096, 0.6) % 32, 0);
+        assert_eq!(gpu_rows(4096, 1.0), 4096);
+        assert_eq!(gpu_rows(4096, 7.0), 4096);
+        assert_eq!(gpu_rows(20, 0.9), 20);
+    }
 }

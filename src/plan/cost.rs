@@ -22,6 +22,10 @@ pub enum Exec {
     /// GPU copies and computes some of each token's experts while the CPU
     /// computes the others.
     Hybrid,
+    /// A dense feed-forward weight in pinned host RAM, split by rows (patch
+    /// 0017): the GPU streams and computes a share of its rows while the
+    /// CPU computes the others in place, at the same time.
+    Split,
 }
 
 /// How host weights reach the GPU.
@@ -54,6 +58,25 @@ impl Streaming {
 /// GPU (their query projections run there); ggml offloads host-weight ops
 /// from the same size (`GGML_OP_OFFLOAD_MIN_BATCH`).
 pub const GPU_ATTENTION_MIN_BATCH: u64 = 32;
+
+/// The work of a row-split weight as if one device took all its rows (see
+/// [`CostModel::split_parts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SplitParts {
+    pub cpu: f64,
+    pub gpu: f64,
+    pub link: f64,
+    pub bytes: f64,
+}
+
+impl std::ops::AddAssign for SplitParts {
+    fn add_assign(&mut self, o: SplitParts) {
+        self.cpu += o.cpu;
+        self.gpu += o.gpu;
+        self.link += o.link;
+        self.bytes += o.bytes;
+    }
+}
 
 /// Fixed costs the profile cannot measure per op.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -116,6 +139,10 @@ pub struct CostModel<'a> {
     /// Hybrid experts: how many of each token's routed experts the GPU
     /// computes; `None` lets the cost model choose, `Some(0)` turns them off.
     pub hybrid_gpu_experts: Option<u32>,
+    /// Dense row split: the share of a split weight's rows the GPU computes
+    /// in decode; `None` lets the cost model choose, `Some(0.0)` turns the
+    /// split off.
+    pub dense_split: Option<f64>,
     /// GPU math only ([`crate::plan::PlanRequest::exact`]): host weights
     /// always stream, never run on the CPU or split with it.
     pub gpu_only: bool,
@@ -149,6 +176,7 @@ impl<'a> CostModel<'a> {
             overheads,
             routed_max_tokens: 0,
             hybrid_gpu_experts,
+            dense_split: None,
             gpu_only: false,
         };
         cm.routed_max_tokens = cm.find_routed_max_tokens();
@@ -222,7 +250,7 @@ impl<'a> CostModel<'a> {
         match exec {
             Exec::Resident => self.compute_seconds(t, n, Device::Gpu),
             Exec::Cpu => self.compute_seconds(t, n, Device::Cpu),
-            Exec::Hybrid => f64::INFINITY,
+            Exec::Hybrid | Exec::Split => f64::INFINITY,
             Exec::Stream => {
                 let bw = self.link_bw();
                 if bw <= 0.0 {
@@ -310,6 +338,51 @@ impl<'a> CostModel<'a> {
         ks.into_iter()
             .map(|k| (k, self.hybrid_seconds(experts, n, k)))
             .min_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
+    /// Whether a host weight may split by rows between the CPU and the GPU
+    /// (patch 0017): a dense feed-forward matrix, streamed through slots,
+    /// unless the split is turned off or the plan is GPU-only.
+    pub fn splits_rows(&self, t: &ModelTensor) -> bool {
+        matches!(t.role, TensorRole::FfnUp | TensorRole::FfnGate | TensorRole::FfnDown)
+            && t.dims.iter().skip(2).all(|&d| d == 1)
+            && !self.gpu_only
+            && self.pinned
+            && self.streaming != Streaming::Synchronous
+            && self.link_bw() > 0.0
+            && self.dense_split.map_or(true, |f| f > 0.0)
+    }
+
+    /// The parts of a row split of `t` for a ubatch of `n` tokens, each as
+    /// if it held all the rows (a share `f` on the GPU scales them by `1-f`
+    /// and `f`): CPU seconds, GPU seconds, link seconds, and the host bytes
+    /// read either way (see [`CostModel::host_read_seconds`]).
+    pub fn split_parts(&self, t: &ModelTensor, n: u64) -> SplitParts {
+        let bw = self.link_bw();
+        SplitParts {
+            cpu: self.compute_seconds(t, n, Device::Cpu),
+            gpu: self.compute_seconds(t, n, Device::Gpu),
+            link: if bw > 0.0 { t.nbytes as f64 / bw } else { f64::INFINITY },
+            bytes: t.nbytes as f64,
+        }
+    }
+
+    /// How fast the CPU's part of a row split runs while the link copies,
+    /// relative to alone: host memory serves the copies at the link's rate
+    /// and the CPU what is left of
+    /// [`MachineProfile::host_read_bw_with_link`] (on the H200 host 90-95
+    /// GB/s together: ~37 GB/s beside 55 GB/s of copies, where the CPU's
+    /// Q4_0 matvec alone reads ~58-66 GB/s). `parts` gives the CPU's and
+    /// the link's rates; 1 where the profile has no such figure.
+    pub fn cpu_rate_beside_copies(&self, parts: &SplitParts) -> f64 {
+        match self.profile.host_read_bw_with_link {
+            Some(total) if parts.cpu > 0.0 && parts.link > 0.0 && parts.bytes > 0.0 => {
+                let cpu_bw = parts.bytes / parts.cpu;
+                let link_bw = parts.bytes / parts.link;
+                ((total - link_bw) / cpu_bw).clamp(0.05, 1.0)
+            }
+            _ => 1.0,
+        }
     }
 
     /// The cheaper of streaming and CPU for a host weight, judged op by op

@@ -2,7 +2,7 @@
 //! configuration (ubatch size, KV layers) and a placement is then priced by
 //! table look-ups, so the optimizer can compare thousands of placements.
 
-use super::cost::{is_placeable, CostModel, Exec, Streaming};
+use super::cost::{is_placeable, CostModel, Exec, SplitParts, Streaming};
 use super::{tier_index, Plan, Prediction, SpeculationPrediction, Workload};
 use crate::gguf::{ModelInfo, TensorRole};
 
@@ -36,6 +36,14 @@ pub struct Evaluator {
     /// How many of each token's routed experts hybrid layers run on the
     /// GPU in single-token decode (0: none is hybrid).
     hybrid_k: u32,
+    /// Per tensor: its row split's parts in single-token decode (patch
+    /// 0017), where it may split when in host memory.
+    split: Vec<Option<SplitParts>>,
+    /// A GPU share of the rows asked for, or None to choose it.
+    split_forced: Option<f64>,
+    /// The CPU's speed beside the link's copies, relative to alone (see
+    /// [`CostModel::cpu_rate_beside_copies`]), from the split weights.
+    cpu_rate_beside_copies: f64,
     /// Per size: attention seconds summed over all chunks of that size.
     attention: Vec<f64>,
     /// Per size: of those, the seconds host KV cells are copied over the
@@ -160,6 +168,18 @@ impl Evaluator {
                 times[si][k] = (r, Exec::Hybrid, secs / group.len() as f64, 0.0);
             }
         }
+        // Dense row split: in single-token decode a host feed-forward weight
+        // may give a share of its rows to the GPU, which streams them while
+        // the CPU computes the others. The share is one for the whole step,
+        // chosen per residency (see `split_step`).
+        let split: Vec<Option<SplitParts>> = tensors
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| {
+                let t = &model.tensors[i];
+                (cm.splits_rows(t) && times[decode][k].1 != Exec::Hybrid).then(|| cm.split_parts(t, 1))
+            })
+            .collect();
         // Attention: prompt chunks at increasing depth, decode and
         // verification at the middle of the generated tokens.
         let (attention, attention_link): (Vec<f64>, Vec<f64>) = sizes
@@ -180,6 +200,11 @@ impl Evaluator {
                     .fold((0.0, 0.0), |(s, k), (a, c)| (s + a, k + c))
             })
             .unzip();
+        let all_parts = split.iter().flatten().fold(SplitParts::default(), |mut a, &p| {
+            a += p;
+            a
+        });
+        let cpu_rate_beside_copies = cm.cpu_rate_beside_copies(&all_parts);
         Evaluator {
             layer: tensors.iter().map(|&i| model.tensors[i].layer).collect(),
             is_qkv: tensors
@@ -200,6 +225,9 @@ impl Evaluator {
             unsplit,
             siblings,
             hybrid_k,
+            split,
+            split_forced: cm.dense_split.filter(|&f| f > 0.0).map(|f| f.min(1.0)),
+            cpu_rate_beside_copies,
             attention,
             attention_link,
             kv_gpu_from,
@@ -225,8 +253,72 @@ impl Evaluator {
     pub fn exec(&self, k: usize, si: usize, resident: &[bool]) -> Exec {
         if resident[k] {
             Exec::Resident
+        } else if si == self.decode && self.split[k].is_some() && self.decode_split_share(resident) > 0.0 {
+            Exec::Split
         } else {
             self.host_time(k, si, resident).0
+        }
+    }
+
+    /// The share of each split weight's rows the GPU computes in decode
+    /// under `resident`; 0 if no weight splits.
+    pub fn decode_split_share(&self, resident: &[bool]) -> f64 {
+        let (compute, link, sums) = self.weights_seconds(self.decode, resident);
+        self.split_step(
+            compute + self.attention[self.decode],
+            link + self.attention_link[self.decode],
+            &sums,
+        )
+        .0
+    }
+
+    /// One decode step whose other work takes `compute` seconds serially and
+    /// `link` seconds of pipelined copies, with the row-split candidates of
+    /// `sums` in host memory: the GPU share of their rows and the step's
+    /// seconds. The CPU's rows add to the serial work (with a device switch
+    /// per split weight: its product crosses to the GPU), the GPU's rows'
+    /// copies to the link; the chosen share balances the two, and is 0
+    /// where splitting does not beat each weight's own best exec.
+    ///
+    /// While the link copies, the CPU's ops run at `r` of their speed (host
+    /// memory serves the copies first, see
+    /// [`CostModel::cpu_rate_beside_copies`]) and the rest of the serial
+    /// work (GPU ops, attention, switches) at full speed: with `S` seconds
+    /// of serial work, `C` of them on the CPU, the serial work runs at
+    /// `q = S / (C / r + S - C)` while the `L` seconds of copies run, and
+    /// the step takes `max(L, S + (1 - q) L)`. Measured on the H200 host (R1
+    /// at 2 GiB, h200-session9/rowsplit): 19.7 tok/s with 63% of the rows on
+    /// the GPU, 21.5-22.3 with 70-75%, 19.1-19.6 with 78-80%.
+    fn split_step(&self, compute: f64, link: f64, sums: &SplitSums) -> (f64, f64) {
+        let unsplit = (compute + sums.alone.0).max(link + sums.alone.1);
+        if sums.n == 0 {
+            return (0.0, unsplit);
+        }
+        let p = sums.parts;
+        let r = self.cpu_rate_beside_copies;
+        let switches = sums.n as f64 * self.switch_s;
+        let at = |f: f64| {
+            let serial = compute + (1.0 - f) * p.cpu + f * p.gpu + switches;
+            let on_cpu = (sums.cpu_other + (1.0 - f) * p.cpu).min(serial);
+            let q = serial / (on_cpu / r + serial - on_cpu).max(1e-12);
+            let copies = link + f * p.link;
+            copies.max(serial + (1.0 - q) * copies)
+        };
+        if let Some(f) = self.split_forced {
+            return (f, at(f));
+        }
+        // The step is the larger of a rising and a falling function of the
+        // share: a fine grid finds the crossing.
+        const STEPS: u32 = 200;
+        let f = (1..=STEPS)
+            .map(|i| i as f64 / STEPS as f64)
+            .min_by(|a, b| at(*a).total_cmp(&at(*b)))
+            .unwrap_or(0.0);
+        let secs = at(f);
+        if f > 0.0 && secs < unsplit {
+            (f, secs)
+        } else {
+            (0.0, unsplit)
         }
     }
 
@@ -236,7 +328,7 @@ impl Evaluator {
         (0..self.times.len()).any(|si| {
             matches!(self.times[si][k].1, Exec::Stream | Exec::Hybrid)
                 || self.unsplit[si][k].is_some_and(|u| u.0 == Exec::Stream)
-        })
+        }) || self.split[k].is_some()
     }
 
     /// How many of each token's routed experts hybrid layers run on the GPU
@@ -255,9 +347,10 @@ impl Evaluator {
     /// (excluding attention), with device switches and every layer's small
     /// ops; and the seconds its
     /// pipelined copies keep the link busy, which overlap all of that.
-    fn weights_seconds(&self, si: usize, resident: &[bool]) -> (f64, f64) {
+    fn weights_seconds(&self, si: usize, resident: &[bool]) -> (f64, f64, SplitSums) {
         let mut total = 0.0;
         let mut link = 0.0;
+        let mut sums = SplitSums::default();
         let mut switches = 0u32;
         let mut last: Option<bool> = None;
         let mut visit = |gpu: bool| {
@@ -290,13 +383,27 @@ impl Evaluator {
                 visit(true);
             } else {
                 let (e, h, l) = self.host_time(k, si, resident);
-                total += h;
-                link += l;
+                match self.split[k] {
+                    // Priced with the step's other work, see `split_step`.
+                    Some(parts) if si == self.decode => {
+                        sums.n += 1;
+                        sums.parts += parts;
+                        sums.alone.0 += h;
+                        sums.alone.1 += l;
+                    }
+                    _ => {
+                        total += h;
+                        link += l;
+                        if si == self.decode && e == Exec::Cpu {
+                            sums.cpu_other += h;
+                        }
+                    }
+                }
                 // The CPU part of hybrid experts comes between GPU work, like an op on the CPU.
                 visit(!matches!(e, Exec::Cpu | Exec::Hybrid));
             }
         }
-        (total + switches as f64 * self.switch_s + self.layers_s, link)
+        (total + switches as f64 * self.switch_s + self.layers_s, link, sums)
     }
 
     /// Predicted TTFT and decode speed for a residency vector over `self.tensors`.
@@ -304,13 +411,15 @@ impl Evaluator {
         let mut ttft = 0.0;
         for (si, &(_, count)) in self.sizes[..self.decode].iter().enumerate() {
             // All chunks of this size (attention is summed over them).
-            let (compute, link) = self.weights_seconds(si, resident);
+            // Only decode splits rows, so `sums` is empty here.
+            let (compute, link, _) = self.weights_seconds(si, resident);
             ttft += (compute * count + self.attention[si]).max(link * count + self.attention_link[si]);
         }
         // One ubatch of size index `si` past the prompt (attention is priced at one depth).
         let step = |si: usize| {
-            let (compute, link) = self.weights_seconds(si, resident);
-            (compute + self.attention[si]).max(link + self.attention_link[si])
+            let (compute, link, sums) = self.weights_seconds(si, resident);
+            self.split_step(compute + self.attention[si], link + self.attention_link[si], &sums)
+                .1
         };
         let plain_decode_tok_s = 1.0 / step(self.decode).max(1e-12);
         let gen = self.workload.gen_tokens as f64;
@@ -374,6 +483,17 @@ impl Evaluator {
         };
         self.exec(k, si, resident)
     }
+}
+
+/// The row-split candidates of one decode step: how many, their parts, and
+/// their seconds and link seconds unsplit (each weight's own best exec).
+#[derive(Debug, Clone, Copy, Default)]
+struct SplitSums {
+    n: u32,
+    parts: SplitParts,
+    alone: (f64, f64),
+    /// Seconds of the step's other ops on the CPU, which the copies slow.
+    cpu_other: f64,
 }
 
 /// Predicted TTFT and decode speed of a finished plan.

@@ -139,6 +139,11 @@ pub struct PlanRequest {
     /// computes in MoE layers whose experts stay in host memory; `None`
     /// lets the cost model choose, `Some(0)` turns the split off.
     pub hybrid_gpu_experts: Option<u32>,
+    /// Dense row split (patch 0017): the share of the rows of each dense
+    /// feed-forward weight in host memory that the GPU streams and computes
+    /// in decode while the CPU computes the others; `None` lets the cost
+    /// model choose, `Some(0.0)` turns the split off.
+    pub dense_split: Option<f64>,
     /// GPU math only: host weights are streamed, never computed on the CPU
     /// or split with it, and every projection runs on the GPU, so attention
     /// does too (over host KV layers after a copy of their cells): the plan
@@ -175,6 +180,7 @@ impl PlanRequest {
             compute_scale: 1.0,
             overheads: Overheads::default(),
             hybrid_gpu_experts: None,
+            dense_split: None,
             exact: false,
         }
     }
@@ -193,6 +199,10 @@ pub struct PlannedTensor {
     pub resident: bool,
     /// Per tier (ubatch tokens), how its op runs.
     pub exec: Vec<(u32, Exec)>,
+    /// Per tier where its op runs [`Exec::Split`]: the share of its rows
+    /// the GPU computes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_share: Vec<(u32, f64)>,
 }
 
 /// The VRAM the plan uses, bytes.
@@ -289,6 +299,11 @@ pub struct Plan {
     /// tensors run [`Exec::Hybrid`]; 0 if none does.
     #[serde(default)]
     pub hybrid_gpu_experts: u32,
+    /// Dense row split in the decode tier (patch 0017): the share of the
+    /// rows of the weights that run [`Exec::Split`] the GPU computes; 0 if
+    /// none does.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub row_split_share: f64,
     /// Every op on the GPU (see [`PlanRequest::exact`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub exact: bool,
@@ -368,6 +383,10 @@ fn tier_index(tiers: &[u32], n: u64) -> usize {
         .iter()
         .position(|&t| t as u64 >= n)
         .unwrap_or(tiers.len().saturating_sub(1))
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// Human-readable bytes (GiB/MiB).

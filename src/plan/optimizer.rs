@@ -7,7 +7,7 @@
 //! and the configurations do not depend on the budget, so a bigger budget
 //! only adds candidates: it can never predict slower.
 
-use super::cost::{is_placeable, CostModel, Streaming};
+use super::cost::{is_placeable, CostModel, Exec, Streaming};
 use super::evaluate::Evaluator;
 use super::{
     attention_scores_bytes, compute_bytes, kv_bytes, small_bytes, Plan, PlanError, PlanRequest, PlannedTensor,
@@ -60,6 +60,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
         req.hybrid_gpu_experts,
     );
     cm.gpu_only = req.exact;
+    cm.dense_split = req.dense_split;
     let small_bytes = small_bytes(model);
     // Streamed weights held in the compute buffer: with synchronous copies
     // the scheduler copies a layer's streamed weights there; with overlapped
@@ -204,6 +205,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             }
             let predicted = ev.evaluate(&resident);
             let tiers = ev.tiers();
+            let share = ev.decode_split_share(&resident);
             let tensors = ev
                 .tensors
                 .iter()
@@ -218,6 +220,11 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                         vram_bytes: sizes[k],
                         resident: resident[k],
                         exec: tiers.iter().map(|&n| (n, ev.tier_exec(k, n, &resident))).collect(),
+                        gpu_share: tiers
+                            .iter()
+                            .filter(|&&n| ev.tier_exec(k, n, &resident) == Exec::Split)
+                            .map(|&n| (n, share))
+                            .collect(),
                     }
                 })
                 .collect();
@@ -238,6 +245,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 // 0 with synchronous copies (routed_max_tokens is 0 then).
                 stream_routed_max: (cm.routed_max_tokens * model.n_expert_used as u64).min(u32::MAX as u64) as u32,
                 hybrid_gpu_experts: ev.hybrid_gpu_experts(&resident),
+                row_split_share: share,
                 exact: req.exact,
                 pinned: req.pinned,
                 vram: VramBreakdown {

@@ -18,6 +18,7 @@ fn exec_name(e: Exec) -> &'static str {
         Exec::Stream => "stream",
         Exec::Cpu => "cpu",
         Exec::Hybrid => "hybrid",
+        Exec::Split => "split",
     }
 }
 
@@ -109,6 +110,14 @@ fn table(plan: &Plan) -> String {
             s,
             "hybrid experts: in decode, the GPU copies and computes {} of each token's routed experts in the layers marked hybrid, while the CPU computes the others",
             plan.hybrid_gpu_experts
+        );
+    }
+    if plan.row_split_share > 0.0 {
+        let n = plan.tensors.iter().filter(|t| !t.gpu_share.is_empty()).count();
+        let _ = writeln!(
+            s,
+            "row split: in decode, the GPU streams and computes {:.0}% of the rows of {n} weights marked split, while the CPU computes the others in place",
+            plan.row_split_share * 100.0
         );
     }
     if plan.stream_routed_max > 0 {

@@ -329,6 +329,7 @@ pub fn measure(
         measured_in_s: t_start.elapsed().as_secs_f64(),
         cpu_mem_bw,
         link,
+        host_read_bw_with_link: None,
         gpu_memory,
         process_context_bytes: crate::engine::process_bytes_at_init(),
         matmul,

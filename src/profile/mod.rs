@@ -149,6 +149,12 @@ pub struct MachineProfile {
     pub cpu_mem_bw: f64,
     /// None without a GPU.
     pub link: Option<Link>,
+    /// Host memory read bandwidth, bytes/s, of the CPU's reads and pinned
+    /// host-to-device copies together, while both run: what a row split's
+    /// CPU part has left beside its copies (patch 0017). None where not
+    /// measured: the CPU is priced as if the copies took nothing from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_read_bw_with_link: Option<f64>,
     /// Free and total device memory when measured, bytes.
     #[serde(default)]
     pub gpu_memory: Option<(u64, u64)>,
@@ -452,6 +458,7 @@ mod tests {
             measured_in_s: 0.0,
             cpu_mem_bw: 1e10,
             link: None,
+            host_read_bw_with_link: None,
             gpu_memory: None,
             process_context_bytes: None,
             matmul: vec![

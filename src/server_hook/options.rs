@@ -44,6 +44,7 @@ const OWN_FLAGS: &[&str] = &[
     "--plan",
     "--stream-slots",
     "--hybrid-experts",
+    "--dense-split",
     "--vision-stream-slots",
     "--draft-acceptance",
     "--backend-dir",
@@ -64,6 +65,9 @@ pub const HELP: &str = "\
                              (env: PIPESHARD_STREAM_SLOTS)
 --hybrid-experts K           routed experts per token the GPU computes in decode, 0 off
                              (default: the plan's) (env: PIPESHARD_HYBRID_EXPERTS)
+--dense-split SHARE          share (0-1) of each host feed-forward weight's rows the GPU
+                             computes in decode, 0 off (default: the plan's)
+                             (env: PIPESHARD_DENSE_SPLIT)
 --vision-stream-slots N      streaming slots of the vision encoder's weights, 0-8
                              (default: 4) (env: PIPESHARD_VISION_STREAM_SLOTS)
 --exact                      GPU math only (host weights streamed, never computed on the CPU):

@@ -62,6 +62,7 @@ pub fn props_json(budget: Option<u64>) -> String {
             "stream_slots": p.stream_slots,
             "stream_routed_max": p.stream_routed_max,
             "hybrid_gpu_experts": p.hybrid_gpu_experts,
+            "row_split_share": p.row_split_share,
             "resident_bytes": p.resident_bytes(),
             "vram": p.vram,
             "predicted": p.predicted,

@@ -67,6 +67,7 @@ pub fn cpu_only_profile() -> pipeshard::profile::MachineProfile {
         measured_in_s: 0.1,
         cpu_mem_bw: 1e10,
         link: None,
+        host_read_bw_with_link: None,
         gpu_memory: None,
         process_context_bytes: None,
         matmul: vec![
