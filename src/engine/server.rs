@@ -193,8 +193,6 @@ pub struct ProjectorParams {
     pub warmup: bool,
     /// Window attention in chunks of whole windows (patch 0021; 0: one mask).
     pub window_attn_max_tokens: u32,
-    /// The encoder's feed-forward row chunk (patch 0021; 0: in one piece).
-    pub ffn_max_tokens: u32,
 }
 
 /// Called with the projector's path and parameters right before the server
@@ -221,7 +219,6 @@ unsafe extern "C" fn projector_trampoline(path: *const c_char, params: *mut ffi:
         image_max_tokens: u32::try_from(params.image_max_tokens).ok().filter(|&n| n > 0),
         warmup: params.warmup,
         window_attn_max_tokens: params.window_attn_max_tokens.max(0) as u32,
-        ffn_max_tokens: params.ffn_max_tokens.max(0) as u32,
     };
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&path, &mut p))).is_ok() {
         params.use_gpu = p.use_gpu;
@@ -229,7 +226,6 @@ unsafe extern "C" fn projector_trampoline(path: *const c_char, params: *mut ffi:
         params.n_stream_slots = p.stream_slots.min(i32::MAX as u32) as i32;
         params.warmup = p.warmup;
         params.window_attn_max_tokens = p.window_attn_max_tokens.min(i32::MAX as u32) as i32;
-        params.ffn_max_tokens = p.ffn_max_tokens.min(i32::MAX as u32) as i32;
     }
 }
 

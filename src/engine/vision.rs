@@ -52,9 +52,6 @@ pub struct VisionOptions {
     /// of at most this many patches, each with its own mask (patch 0021);
     /// 0: one mask of n_patches², as upstream.
     pub window_attn_max_tokens: u32,
-    /// The encoder's feed-forward blocks in row chunks of at most this many
-    /// patches (patch 0021); 0: in one piece, as upstream.
-    pub ffn_max_tokens: u32,
 }
 
 impl VisionOptions {
@@ -68,7 +65,6 @@ impl VisionOptions {
             threads,
             image_max_tokens: None,
             window_attn_max_tokens: 0,
-            ffn_max_tokens: 0,
         }
     }
 
@@ -81,11 +77,6 @@ impl VisionOptions {
     /// 16,384 patches); in chunks of 2,048 patches the masks take 1/8 of
     /// that at most.
     pub const BUDGETED_WINDOW_ATTN_MAX_TOKENS: u32 = 2048;
-
-    /// The feed-forward row chunk of [`VisionOptions::budgeted`]: the
-    /// largest Qwen2.5-VL image in 4 chunks (its MLP's two 3,420-wide
-    /// intermediates are 448 MiB whole at 16,384 patches).
-    pub const BUDGETED_FFN_MAX_TOKENS: u32 = 4096;
 
     /// pipeshard's: encoder weights in pinned host memory, streamed to the
     /// GPU through patch 0003's slots overlapped with the encoder's compute,
@@ -104,7 +95,6 @@ impl VisionOptions {
             threads,
             image_max_tokens: None,
             window_attn_max_tokens: Self::BUDGETED_WINDOW_ATTN_MAX_TOKENS,
-            ffn_max_tokens: Self::BUDGETED_FFN_MAX_TOKENS,
         }
     }
 }
@@ -165,7 +155,6 @@ impl<'m> VisionProjector<'m> {
             p.image_max_tokens = n.min(i32::MAX as u32) as i32;
         }
         p.window_attn_max_tokens = opts.window_attn_max_tokens.min(i32::MAX as u32) as i32;
-        p.ffn_max_tokens = opts.ffn_max_tokens.min(i32::MAX as u32) as i32;
         if opts.weights_on_host && opts.use_gpu {
             // Flash attention in the ViT at every resolution (the scheduler
             // runs it on the CPU where the GPU lacks it); AUTO would only

@@ -69,22 +69,19 @@ pub fn vision_setup(
 /// GPU, and the encoder allowed on the GPU, it is pipeshard's: weights in
 /// host memory streamed through `--vision-stream-slots` slots, flash
 /// attention, its peak kept apart from the language model's, window
-/// attention in chunks of whole windows and the MLP in row chunks (not in
-/// the exact mode: fewer keys or rows per kernel may round differently);
-/// otherwise it runs as upstream's does (on the GPU unless `gpu` is false).
+/// attention in chunks of whole windows (not in the exact mode: attention
+/// over fewer keys may round differently); otherwise it runs as upstream's
+/// does (on the GPU unless `gpu` is false).
 pub fn vision_options(options: &PipeshardOptions, gpu: bool, threads: i32) -> engine::VisionOptions {
     if options.is_set() && engine::has_gpu() && gpu {
         let budgeted = engine::VisionOptions::budgeted(threads);
-        // The exact mode keeps upstream's kernels on upstream's shapes.
-        let (window_attn_max_tokens, ffn_max_tokens) = if options.exact {
-            (0, 0)
-        } else {
-            (budgeted.window_attn_max_tokens, budgeted.ffn_max_tokens)
-        };
         engine::VisionOptions {
             stream_slots: options.vision_stream_slots,
-            window_attn_max_tokens,
-            ffn_max_tokens,
+            window_attn_max_tokens: if options.exact {
+                0
+            } else {
+                budgeted.window_attn_max_tokens
+            },
             ..budgeted
         }
     } else {

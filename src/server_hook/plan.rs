@@ -171,11 +171,10 @@ pub fn on_projector(opts: &ServerOptions, path: &Path, p: &mut ProjectorParams) 
         image_max_tokens: p.image_max_tokens,
         ..launch::vision_options(&opts.pipeshard, p.use_gpu, engine::default_threads())
     };
-    // Window attention and the MLP in chunks (patch 0021): the encoder's
-    // peak, reserved at load for the largest image, is what the language
-    // model's weights cannot use.
+    // Window attention in chunks (patch 0021): the encoder's peak, reserved
+    // at load for the largest image, is what the language model's weights
+    // cannot use.
     p.window_attn_max_tokens = v.window_attn_max_tokens;
-    p.ffn_max_tokens = v.ffn_max_tokens;
     if let Ok(mut g) = VISION.lock() {
         *g = Some(v);
     }
