@@ -12,11 +12,20 @@ mod common;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use pipeshard::fuzz::http::cases::http_request;
 use pipeshard::fuzz::http::{ServerProc, ServerSpec};
 use serde_json::{json, Value};
+
+/// One of these tests at a time: each times a server on the machine's two
+/// cores, and the shutdown test's long prompt decode beside the others
+/// made a dropped client's slot wait 2.5 s for a decode step in one run.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn server(name: &str, args: &[&str]) -> ServerProc {
     let dir = common::scratch_dir(name);
@@ -76,6 +85,7 @@ fn long_prompt(n: usize) -> String {
 
 #[test]
 fn sigterm_aborts_a_decode_running_at_the_deadline() {
+    let _serial = one_at_a_time();
     // One decode of a 3,500-token prompt takes several seconds on two
     // threads (ubatch 4096): far longer than the 1 s grace period.
     let mut s = server(
@@ -121,6 +131,7 @@ fn sigterm_aborts_a_decode_running_at_the_deadline() {
 
 #[test]
 fn n_cmpl_equal_to_the_slots_starts_under_load() {
+    let _serial = one_at_a_time();
     let s = server("n-cmpl-reservation", &["-c", "2048", "-np", "4", "-t", "2"]);
     let stop = AtomicBool::new(false);
     let answers = std::thread::scope(|scope| {
@@ -167,6 +178,7 @@ fn n_cmpl_equal_to_the_slots_starts_under_load() {
 
 #[test]
 fn a_disconnected_client_frees_its_slot_while_other_streams_run() {
+    let _serial = one_at_a_time();
     let s = server("disconnect", &["-c", "8192", "-np", "2", "-t", "2"]);
     // A stream on slot 1 keeps results coming, which woke the waiting HTTP
     // threads and postponed their check of their own client.
