@@ -523,10 +523,6 @@ fn hostile_local_media_is_refused_without_blocking() {
     assert_eq!(code, 200, "{v}");
 }
 
-/// Upstream's `--image-max-tokens` bounds the tokens one image becomes, and
-/// so the encoder's peak the server reserves for the largest image it
-/// takes (the projector hook passes it into pipeshard's vision options).
-
 /// Window attention in chunks of whole windows, each with its own mask
 /// (patch 0021, which spares the encoder an n_patches² mask), attends to
 /// the same keys as the one mask. One chunk holding every window gives
@@ -569,6 +565,9 @@ fn window_attention_in_chunks_gives_the_same_embeddings() {
     }
 }
 
+/// Upstream's `--image-max-tokens` bounds the tokens one image becomes, and
+/// so the encoder's peak the server reserves for the largest image it
+/// takes (the projector hook passes it into pipeshard's vision options).
 #[test]
 fn image_max_tokens_bounds_the_largest_image() {
     use pipeshard::engine::{self, VisionOptions};
