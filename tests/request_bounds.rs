@@ -259,3 +259,48 @@ fn detokenize_refuses_ids_outside_the_vocabulary() {
     assert_eq!((code, v["content"].as_str()), (200, Some("Hello world")), "{v}");
     assert_up(&mut s);
 }
+
+/// Malformed chat fields are the client's errors, 400s that say what is
+/// wrong (upstream: 500 "server_error"; found by the HTTP fuzzer, seed
+/// 10001; patch 0022), and a valid chat still answers.
+#[test]
+fn malformed_chat_fields_are_400s() {
+    let mut s = spawn("chat-fields");
+    let user = json!([{"role": "user", "content": "Hi"}]);
+    let cases = [
+        (
+            "/v1/chat/completions",
+            json!({"messages": user, "max_tokens": 2, "reasoning_format": "bogus"}),
+            "reasoning format",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user, "max_tokens": 2, "tools": {"type": "function"}}),
+            "tools",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": [{"type": "text"}]}], "max_tokens": 2}),
+            "messages",
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+            "messages",
+        ),
+        ("/v1/messages", json!({"model": "m", "max_tokens": 2}), "messages"),
+    ];
+    for (path, body, says) in cases {
+        let (code, v) = post(&s, path, &body, 30);
+        assert_eq!(code, 400, "{path} {body}: {v}");
+        assert!(message(&v).to_lowercase().contains(says), "{path} {body}: {v}");
+    }
+    let (code, v) = post(
+        &s,
+        "/v1/chat/completions",
+        &json!({"messages": user, "max_tokens": 2}),
+        60,
+    );
+    assert_eq!(code, 200, "{v}");
+    assert_up(&mut s);
+}
