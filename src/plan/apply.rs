@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::{tier_index, Exec, Plan};
+use super::{Exec, Plan};
 use crate::engine::{
     self, BufferType, ContextParams, DeviceKind, ModelParams, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery,
     RowSplitPolicy, TensorPlacement,
@@ -81,10 +81,7 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
         .collect();
     let placement: TensorPlacement = Arc::new(move |name: &str| homes.get(name).copied().flatten());
 
-    let tier_of = {
-        let tiers = plan.tiers.clone();
-        move |n: u32| tiers.get(tier_index(&tiers, n as u64)).copied().unwrap_or(1)
-    };
+    let tier_of = tier_of(plan);
     // (tier, layer) pairs whose routed experts split between GPU and CPU.
     let hybrid: HashSet<(u32, u32)> = plan
         .tensors
@@ -148,6 +145,13 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
     })
 }
 
+/// The tier of `plan` a ubatch of `n` tokens runs with, for the callbacks
+/// that outlive the plan.
+fn tier_of(plan: &Plan) -> impl Fn(u32) -> u32 + Clone + Send + Sync + 'static {
+    let tiers = plan.tiers.clone();
+    move |n: u32| super::tier_for(&tiers, n as u64)
+}
+
 /// The dense row split of `plan` (patch 0017): for a weight and a ubatch
 /// size, the rows the GPU computes; `None` if no weight splits in any tier.
 pub fn row_split_policy(plan: &Plan) -> Option<RowSplitPolicy> {
@@ -158,13 +162,10 @@ pub fn row_split_policy(plan: &Plan) -> Option<RowSplitPolicy> {
         .filter(|t| !t.resident && !t.gpu_share.is_empty())
         .map(|t| (t.name.clone(), t.gpu_share.clone()))
         .collect();
-    let tiers = plan.tiers.clone();
+    let tier_of = tier_of(plan);
     (!shares.is_empty()).then(|| {
         Arc::new(move |name: &str, rows: u64, n_tokens: u32| {
-            let tier = tiers
-                .get(tier_index(&tiers, n_tokens.max(1) as u64))
-                .copied()
-                .unwrap_or(1);
+            let tier = tier_of(n_tokens.max(1));
             shares
                 .get(name)
                 .and_then(|s| s.iter().find(|(t, _)| *t == tier))

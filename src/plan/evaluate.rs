@@ -249,11 +249,13 @@ impl Evaluator {
         }
     }
 
-    /// How the op of placeable tensor `k` (an index into `self.tensors`) runs at size index `si`.
-    pub fn exec(&self, k: usize, si: usize, resident: &[bool]) -> Exec {
+    /// How the op of placeable tensor `k` (an index into `self.tensors`) runs at size index `si`;
+    /// `split_share` is [`Evaluator::decode_split_share`] of `resident`, which the caller works
+    /// out once for all tensors.
+    pub fn exec(&self, k: usize, si: usize, resident: &[bool], split_share: f64) -> Exec {
         if resident[k] {
             Exec::Resident
-        } else if si == self.decode && self.split[k].is_some() && self.decode_split_share(resident) > 0.0 {
+        } else if si == self.decode && self.split[k].is_some() && split_share > 0.0 {
             Exec::Split
         } else {
             self.host_time(k, si, resident).0
@@ -335,7 +337,8 @@ impl Evaluator {
     /// in decode under `resident`; 0 if no layer is hybrid.
     pub fn hybrid_gpu_experts(&self, resident: &[bool]) -> u32 {
         let si = self.decode;
-        let hybrid = (0..self.tensors.len()).any(|k| self.exec(k, si, resident) == Exec::Hybrid);
+        let share = self.decode_split_share(resident);
+        let hybrid = (0..self.tensors.len()).any(|k| self.exec(k, si, resident, share) == Exec::Hybrid);
         if hybrid {
             self.hybrid_k
         } else {
@@ -471,8 +474,8 @@ impl Evaluator {
         self.tiers.clone()
     }
 
-    /// The exec of tensor `k` for a tier.
-    pub fn tier_exec(&self, k: usize, tier: u32, resident: &[bool]) -> Exec {
+    /// The exec of tensor `k` for a tier (`split_share` as for [`Evaluator::exec`]).
+    pub fn tier_exec(&self, k: usize, tier: u32, resident: &[bool], split_share: f64) -> Exec {
         let si = if tier == 1 {
             self.decode
         } else {
@@ -481,7 +484,7 @@ impl Evaluator {
                 _ => 0,
             }
         };
-        self.exec(k, si, resident)
+        self.exec(k, si, resident, split_share)
     }
 }
 

@@ -323,7 +323,7 @@ impl Plan {
 
     /// The tier a ubatch of `n` tokens runs with.
     pub fn tier_for(&self, n: u64) -> u32 {
-        self.tiers.get(tier_index(&self.tiers, n)).copied().unwrap_or(1)
+        tier_for(&self.tiers, n)
     }
 
     /// Bytes of resident weights.
@@ -383,6 +383,11 @@ fn tier_index(tiers: &[u32], n: u64) -> usize {
         .iter()
         .position(|&t| t as u64 >= n)
         .unwrap_or(tiers.len().saturating_sub(1))
+}
+
+/// The tier of `tiers` a ubatch of `n` tokens runs with (1 if there are none).
+fn tier_for(tiers: &[u32], n: u64) -> u32 {
+    tiers.get(tier_index(tiers, n)).copied().unwrap_or(1)
 }
 
 fn is_zero(x: &f64) -> bool {

@@ -212,6 +212,10 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 .enumerate()
                 .map(|(k, &i)| {
                     let t = &model.tensors[i];
+                    let exec: Vec<(u32, Exec)> = tiers
+                        .iter()
+                        .map(|&n| (n, ev.tier_exec(k, n, &resident, share)))
+                        .collect();
                     PlannedTensor {
                         name: t.name.clone(),
                         layer: t.layer,
@@ -219,12 +223,12 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                         bytes: t.nbytes,
                         vram_bytes: sizes[k],
                         resident: resident[k],
-                        exec: tiers.iter().map(|&n| (n, ev.tier_exec(k, n, &resident))).collect(),
-                        gpu_share: tiers
+                        gpu_share: exec
                             .iter()
-                            .filter(|&&n| ev.tier_exec(k, n, &resident) == Exec::Split)
-                            .map(|&n| (n, share))
+                            .filter(|&&(_, e)| e == Exec::Split)
+                            .map(|&(n, _)| (n, share))
                             .collect(),
+                        exec,
                     }
                 })
                 .collect();
