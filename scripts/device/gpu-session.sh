@@ -1383,3 +1383,13 @@ zrowsplit() {
 
 "$@"
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
+
+# Session 10 (after zunstash, dist/ carried). s10a: the merged build on one
+# host: every budget row (s9final) and issue 15 part 2 (the 512- and
+# 16k-token sweeps, `run` against `bench`, the server's tiers against `run`).
+s10a() {
+    s9final
+    zsweep 512 2
+    zsweep 16384 1
+    bash scripts/device/server-bench.sh tiers
+}
