@@ -1381,9 +1381,6 @@ zrowsplit() {
     grep -h "row split" "$RES"/rs-*.log | sort | uniq -c || true
 }
 
-"$@"
-# Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
-
 # Session 10 (after zunstash, dist/ carried). s10a: the merged build on one
 # host: every budget row (s9final) and issue 15 part 2 (the 512- and
 # 16k-token sweeps, `run` against `bench`, the server's tiers against `run`).
@@ -1393,3 +1390,7 @@ s10a() {
     zsweep 16384 1
     bash scripts/device/server-bench.sh tiers
 }
+
+# Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
+
+"$@"
