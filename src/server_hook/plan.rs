@@ -156,25 +156,26 @@ pub fn on_projector(opts: &ServerOptions, path: &Path, p: &mut ProjectorParams) 
     if !opts.plans() || !p.use_gpu || !engine::has_gpu() {
         return;
     }
-    p.weights_on_host = true;
-    p.stream_slots = opts.pipeshard.vision_stream_slots;
+    // The encoder runs as `run` runs it (one decision, launch::vision_options):
+    // weights in host memory streamed through the vision slots, and window
+    // attention in chunks (patch 0021), whose peak, reserved at load for the
+    // largest image, is what the language model's weights cannot use. The
+    // peak is reserved for the largest image the server will encode:
+    // upstream's --image-max-tokens bounds it.
+    let v = engine::VisionOptions {
+        image_max_tokens: p.image_max_tokens,
+        ..launch::vision_options(&opts.pipeshard, p.use_gpu, engine::default_threads())
+    };
+    p.weights_on_host = v.weights_on_host;
+    p.stream_slots = v.stream_slots;
+    p.window_attn_max_tokens = v.window_attn_max_tokens;
     // Upstream's warm-up encodes an image of the largest size while the
     // language model's compute buffers are held, the two peaks the plan
     // keeps apart (VL at 4 GiB with --image-max-tokens 2700: 4258 MiB at
     // load). The plan's own measurement already encoded one in this
     // process, so the encoder's kernels and pools are warm.
     p.warmup = false;
-    engine::set_media_release_compute(true);
-    // The encoder's peak is reserved for the largest image the server will
-    // encode: upstream's --image-max-tokens bounds it.
-    let v = engine::VisionOptions {
-        image_max_tokens: p.image_max_tokens,
-        ..launch::vision_options(&opts.pipeshard, p.use_gpu, engine::default_threads())
-    };
-    // Window attention in chunks (patch 0021): the encoder's peak, reserved
-    // at load for the largest image, is what the language model's weights
-    // cannot use.
-    p.window_attn_max_tokens = v.window_attn_max_tokens;
+    engine::set_media_release_compute(v.separate_peaks);
     if let Ok(mut g) = VISION.lock() {
         *g = Some(v);
     }
