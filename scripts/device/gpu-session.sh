@@ -1391,6 +1391,28 @@ s10a() {
     bash scripts/device/server-bench.sh tiers
 }
 
+# s10r2c (after zunstash, dist/ carried with dist/pipeshard-server.base, the
+# merged main's server): issue 14's R2 server rows, this branch's server (one
+# plan ubatch per slot in upstream's batch) against the base, interleaved,
+# twice each, then the same server with no budget as upstream places R2:
+# experts on the CPU (--cpu-moe -ngl 99) and everything on the GPU (-ngl 99).
+s10r2c() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    local sb=${SB:-scripts/device/server-bench.sh} base=dist/pipeshard-server.base r
+    for r in a b; do
+        bash $sb r2_4 r2-4-new-$r || true
+        PIPESHARD_SERVER=$base bash $sb r2_4 r2-4-base-$r || true
+    done
+    for r in a b; do
+        bash $sb r2_1 r2-1-new-$r || true
+        PIPESHARD_SERVER=$base bash $sb r2_1 r2-1-base-$r || true
+    done
+    bash $sb r2_4 r2-4-up-cpumoe --cpu-moe -ngl 99 || true
+    bash $sb r2_1 r2-1-up-cpumoe --cpu-moe -ngl 99 || true
+    bash $sb r2_4 r2-4-up-gpu -ngl 99 || true
+}
+
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
 
 "$@"

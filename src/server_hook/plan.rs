@@ -113,6 +113,7 @@ fn plan_target(
     if upstream_outputs != 0 {
         cp.n_outputs_max = cp.n_outputs_max.max(upstream_outputs);
     }
+    cp.n_batch = slots_batch(cp);
     let plan = launched.plan;
     tracing::info!(
         "pipeshard plan for {}: ubatch {}, {} of weights resident, VRAM {} of {} ({} outside llama.cpp's buffers), {} stream slots, predicted {:.1} tok/s",
@@ -142,6 +143,28 @@ fn plan_target(
         from_file,
         draft_on_gpu,
     }))
+}
+
+/// The batch upstream's slot loop fills under a plan: one plan ubatch per
+/// slot (at most the context), so prompts that arrive together are evaluated
+/// in one `llama_decode` and their slots start decoding together.
+///
+/// Upstream fills each batch with the decoding slots' tokens and then as
+/// much prompt as `n_batch` holds. With `n_batch` at one ubatch, a slot
+/// whose prompt finished first decodes one token per prompt chunk of the
+/// others, each a full ubatch that streams every host weight (R2 at 4 GiB:
+/// ~0.3 s apiece), so its decode waits behind the other slots' prompts
+/// (~1 s with four 4096-token prompts, h200-session8/server-perf.md). The
+/// ubatches themselves, and so the plan's tiers and its compute memory, do
+/// not change: only how many of them one batch holds.
+fn slots_batch(cp: &ContextParams) -> u32 {
+    let per_slots = cp.n_ubatch.saturating_mul(cp.n_seq_max.max(1));
+    let cap = if cp.n_ctx > 0 {
+        per_slots.min(cp.n_ctx)
+    } else {
+        per_slots
+    };
+    cp.n_batch.max(cap)
 }
 
 /// How the vision encoder runs under the plan, once the projector hook set it.
@@ -188,3 +211,32 @@ pub fn on_projector(opts: &ServerOptions, path: &Path, p: &mut ProjectorParams) 
 
 /// Upstream's default `--spec-draft-n-max`.
 const DRAFT_N_MAX: u32 = 3;
+
+#[cfg(test)]
+mod tests {
+    use super::slots_batch;
+    use crate::engine::ContextParams;
+
+    fn params(n_ctx: u32, n_batch: u32, n_ubatch: u32, n_seq_max: u32) -> ContextParams {
+        ContextParams {
+            n_ctx,
+            n_batch,
+            n_ubatch,
+            n_seq_max,
+            ..ContextParams::default()
+        }
+    }
+
+    #[test]
+    fn one_ubatch_per_slot_within_the_context() {
+        // R2's four-client case: -np 4 -c 17408, the plan's ubatch 4096.
+        assert_eq!(slots_batch(&params(17408, 4096, 4096, 4)), 16384);
+        // One slot: the batch stays what upstream and the plan set.
+        assert_eq!(slots_batch(&params(4352, 4096, 4096, 1)), 4096);
+        // Never beyond the context, never below upstream's own -b.
+        assert_eq!(slots_batch(&params(8192, 4096, 4096, 4)), 8192);
+        assert_eq!(slots_batch(&params(17408, 8192, 1024, 4)), 8192);
+        // Upstream resolves n_ctx before the hook; 0 would mean "the model's".
+        assert_eq!(slots_batch(&params(0, 2048, 512, 8)), 4096);
+    }
+}
