@@ -296,3 +296,57 @@ pub fn set_server_reports(key: &str, props: ReportText, metrics: ReportText) -> 
     }
     true
 }
+
+/// The server's main context, lent to the loop hook between two batches
+/// (patch 0024): no graph of it runs while the hook holds it.
+pub struct LoopContext<'a> {
+    ptr: std::ptr::NonNull<ffi::llama_context>,
+    _borrow: std::marker::PhantomData<&'a mut ffi::llama_context>,
+}
+
+impl LoopContext<'_> {
+    /// The context's address, to tell contexts apart (a model reloaded
+    /// after the server slept gets a new one).
+    pub fn id(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+}
+
+/// Called by the server's loop between two batches with its main context.
+pub type LoopHook = Box<dyn Fn(LoopContext<'_>) + Send + Sync>;
+
+static LOOP_HOOK: OnceLock<LoopHook> = OnceLock::new();
+
+unsafe extern "C" fn loop_trampoline(ctx: *mut ffi::llama_context, _: *mut c_void) {
+    let (Some(hook), Some(ptr)) = (LOOP_HOOK.get(), std::ptr::NonNull::new(ctx)) else {
+        return;
+    };
+    let lc = LoopContext {
+        ptr,
+        _borrow: std::marker::PhantomData,
+    };
+    // A panic must not unwind into C++.
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(lc))).is_err() {
+        tracing::error!("the server loop hook panicked");
+    }
+}
+
+/// Install `hook`, called by the server's loop between two batches with
+/// its main context (patch 0024). Only the first call installs anything.
+pub fn set_loop_hook(hook: LoopHook) -> bool {
+    if LOOP_HOOK.set(hook).is_err() {
+        return false;
+    }
+    // SAFETY: the trampoline only reads LOOP_HOOK, which lives for the rest
+    // of the process; the server calls it on its loop's thread with a live
+    // context.
+    unsafe { ffi::llama_server_set_loop_cb(Some(loop_trampoline), std::ptr::null_mut()) };
+    true
+}
+
+/// Wake the server's loop so that the loop hook runs soon, even with no
+/// request in flight (thread-safe; nothing while the loop is not running).
+pub fn wake_server_loop() {
+    // SAFETY: takes no arguments; the server locks its own state.
+    unsafe { ffi::llama_server_wake_loop() };
+}
