@@ -1391,6 +1391,89 @@ s10a() {
     bash scripts/device/server-bench.sh tiers
 }
 
+# s10live (after zunstash, dist/ carried): live re-planning (issue 18). A
+# torch filler leaves LIVE_FREE GiB of the card free (default 8);
+# pipeshard-server serves R2 with --vram-budget auto (headroom LIVE_HEADROOM,
+# default 512MiB) while 4 clients stream the reference request one after
+# another; the filler then holds LIVE_STEPS GiB more in turn (default
+# "2 8": 2 GiB, then 6 GiB more), then frees them, each for LIVE_PHASE
+# seconds (default 20). Records the loop's samples (process memory against
+# the allowance, every 50 ms), every request (failures, decode speed), the
+# migrations the log reports and /metrics; LIVE_FRESH=1 (default) then
+# starts the server afresh at each phase's budget for the speed reference.
+s10live() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/ 2>/dev/null || true
+    ZUPSTREAM=0 zprep
+    local port=18090 phase=${LIVE_PHASE:-20} ctl=$W/filler.want stop=$W/clients.stop
+    rm -f "$RES"/live.* "$stop"
+    echo 0 > "$ctl"
+    python3 scripts/device/live_replan.py filler "$ctl" "${LIVE_FREE:-8}" > "$RES/live.filler" 2>&1 &
+    local filler=$!
+    for _ in $(seq 120); do grep -q base_gib "$RES/live.filler" && break; sleep 0.5; done
+    cat "$RES/live.filler"
+    PIPESHARD_REPLAN_RECORD=$RES/live.trace dist/pipeshard-server --host 127.0.0.1 --port $port --metrics \
+        -t 16 -fa on -ctk f16 -ctv f16 --profile "$RES/profile.yaml" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified \
+        --vram-budget auto --vram-headroom "${LIVE_HEADROOM:-512MiB}" > "$RES/live.log" 2>&1 &
+    local spid=$!
+    ( while kill -0 $spid 2>/dev/null; do
+          echo "$(date +%s.%N) $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | tr '\n' ' ')"
+          sleep 0.1
+      done > "$RES/live.smi" ) &
+    local ok=
+    for _ in $(seq 600); do
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null && { ok=1; break; }
+        kill -0 $spid 2>/dev/null || break
+        sleep 0.5
+    done
+    [[ -n $ok ]] || { tail -30 "$RES/live.log"; kill $filler; echo -1 > "$ctl"; return 1; }
+    grep -E "pipeshard plan for|follows the card" "$RES/live.log"
+    python3 scripts/device/live_replan.py clients $port 4 "$stop" "$RES/live.requests" &
+    local cl=$!
+    local step
+    echo "{\"name\": \"start\", \"extra_gib\": 0, \"t\": $(date +%s.%N)}" > "$RES/live.phases"
+    sleep "$phase"
+    for step in ${LIVE_STEPS:-2 8} 0; do
+        echo "$step" > "$ctl"
+        echo "{\"name\": \"filler+$step\", \"extra_gib\": $step, \"t\": $(date +%s.%N)}" >> "$RES/live.phases"
+        sleep "$phase"
+    done
+    touch "$stop"
+    wait $cl || true
+    curl -s "http://127.0.0.1:$port/metrics" | grep -E '^pipeshard_' | tee "$RES/live.metrics"
+    kill $spid; wait $spid 2>/dev/null || true
+    echo -1 > "$ctl"; wait $filler 2>/dev/null || true
+    cat "$RES/live.filler"
+    grep -E "re-plan|allowance|smallest plan" "$RES/live.log" | tee "$RES/live.moves" | head -40
+    python3 scripts/device/live_replan.py summary "$RES" | tee "$RES/live.summary.json"
+    [[ ${LIVE_FRESH:-1} == 1 ]] || return 0
+    # A fresh start at each budget the live plan had, for the speed reference.
+    local b
+    for b in $(python3 -c 'import json,sys; print(" ".join(str(int(p["budget_gib"]*2**30)) for p in json.load(open(sys.argv[1]))["phases"] if p["budget_gib"]))' "$RES/live.summary.json" | tr ' ' '\n' | sort -u); do
+        rm -f "$stop"
+        dist/pipeshard-server --host 127.0.0.1 --port $port --metrics -t 16 -fa on -ctk f16 -ctv f16 \
+            --profile "$RES/profile.yaml" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified --vram-budget "$b" \
+            > "$RES/live-fresh-$b.log" 2>&1 &
+        spid=$!
+        ok=
+        for _ in $(seq 600); do
+            curl -sf "http://127.0.0.1:$port/health" >/dev/null && { ok=1; break; }
+            kill -0 $spid 2>/dev/null || break
+            sleep 0.5
+        done
+        if [[ -n $ok ]]; then
+            python3 scripts/device/live_replan.py clients $port 4 "$stop" "$RES/live-fresh-$b.requests" &
+            cl=$!
+            sleep "${LIVE_FRESH_S:-12}"; touch "$stop"; wait $cl || true
+            python3 -c 'import json,sys
+r=[json.loads(l) for l in open(sys.argv[1])]; s=[x["predicted_per_second"] for x in r[4:] if x["ok"]] or [x["predicted_per_second"] for x in r if x["ok"]]
+print("fresh at %s bytes: %d requests, decode %.1f tok/s each (mean)" % (sys.argv[2], len(r), sum(s)/max(len(s),1)))' "$RES/live-fresh-$b.requests" "$b" | tee -a "$RES/live.fresh"
+        else
+            tail -5 "$RES/live-fresh-$b.log"
+        fi
+        kill $spid; wait $spid 2>/dev/null || true
+    done
+}
+
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
 
 "$@"

@@ -112,6 +112,10 @@ impl Follower {
     /// which [`super::TraceSource`] replays.
     pub fn record_to(&self, path: &std::path::Path) -> std::io::Result<()> {
         let mut f = std::fs::File::create(path)?;
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        writeln!(f, "# started at unix {unix:.3}")?;
         writeln!(f, "# seconds total others own allowance budget plan_total")?;
         *lock(&self.shared.record) = Some((f, Instant::now()));
         Ok(())
