@@ -1399,8 +1399,11 @@ s10a() {
 # "2 8": 2 GiB, then 6 GiB more), then frees them, each for LIVE_PHASE
 # seconds (default 20). Records the loop's samples (process memory against
 # the allowance, every 50 ms), every request (failures, decode speed), the
-# migrations the log reports and /metrics; LIVE_FRESH=1 (default) then
-# starts the server afresh at each phase's budget for the speed reference.
+# migrations the log reports and /metrics; client 0's every other request is
+# a fixed greedy probe, whose outputs the summary counts (one distinct
+# output across migrations with LIVE_EXACT=1, which serves with --exact).
+# LIVE_FRESH=1 (default) then starts the server afresh at each phase's
+# budget for the speed reference.
 s10live() {
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/ 2>/dev/null || true
     ZUPSTREAM=0 zprep
@@ -1413,7 +1416,7 @@ s10live() {
     cat "$RES/live.filler"
     PIPESHARD_REPLAN_RECORD=$RES/live.trace dist/pipeshard-server --host 127.0.0.1 --port $port --metrics \
         -t 16 -fa on -ctk f16 -ctv f16 --profile "$RES/profile.yaml" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified \
-        --vram-budget auto --vram-headroom "${LIVE_HEADROOM:-512MiB}" > "$RES/live.log" 2>&1 &
+        --vram-budget auto --vram-headroom "${LIVE_HEADROOM:-512MiB}" ${LIVE_EXACT:+--exact} > "$RES/live.log" 2>&1 &
     local spid=$!
     ( while kill -0 $spid 2>/dev/null; do
           echo "$(date +%s.%N) $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | tr '\n' ' ')"

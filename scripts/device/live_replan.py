@@ -76,15 +76,23 @@ def clients(port, n, stop, out):
     def one(i):
         k = 0
         while not os.path.exists(stop):
-            prompt = [1000 + (i * 7919 + (k * 31 + j) * 104729) % 20000 for j in range(4096)]
-            body = {"prompt": prompt, "n_predict": 64, "ignore_eos": True, "temperature": 0,
+            # Client 0's every other request is the probe: one fixed prompt,
+            # greedy, whose output must not change across migrations in the
+            # exact mode.
+            probe = i == 0 and k % 2 == 1
+            if probe:
+                prompt = [1000 + (j * 104729) % 20000 for j in range(512)]
+            else:
+                prompt = [1000 + (i * 7919 + (k * 31 + j) * 104729) % 20000 for j in range(4096)]
+            n_predict = 16 if probe else 64
+            body = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "temperature": 0,
                     "cache_prompt": False, "stream": True}
             req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})
             t0 = time.time()
-            rec = {"client": i, "req": k, "t0": t0}
+            rec = {"client": i, "req": k, "t0": t0, "probe": probe}
             try:
-                timings, first, pieces = None, None, 0
+                timings, first, pieces, text = None, None, 0, ""
                 with urllib.request.urlopen(req, timeout=600) as r:
                     for line in r:
                         line = line.decode().strip()
@@ -92,12 +100,13 @@ def clients(port, n, stop, out):
                             continue
                         j = json.loads(line[5:])
                         if j.get("content"):
+                            text += j["content"]
                             pieces += 1
                             first = first or time.time()
                         if j.get("stop"):
                             timings = j.get("timings")
-                rec.update(ok=timings is not None and timings.get("predicted_n") == 64, t1=time.time(),
-                           t_first=first, pieces=pieces,
+                rec.update(ok=timings is not None and timings.get("predicted_n") == n_predict, t1=time.time(),
+                           t_first=first, pieces=pieces, **({"text": text} if probe else {}),
                            **({k2: timings[k2] for k2 in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms",
                                                           "predicted_per_second")} if timings else {}))
             except Exception as e:  # a failed request is what the test counts
@@ -124,7 +133,10 @@ def summary(res):
         c = l.split()
         trace.append(dict(t=float(c[0]), total=int(c[1]), others=int(c[2]), own=int(c[3]), allowance=int(c[4]),
                           budget=int(c[5]), plan_total=int(c[6])))
-    out = {"requests": len(reqs), "failed": sum(not r["ok"] for r in reqs), "phases": []}
+    probes = [r for r in reqs if r.get("probe") and r["ok"]]
+    out = {"requests": len(reqs), "failed": sum(not r["ok"] for r in reqs),
+           "probe_requests": len(probes), "probe_distinct_outputs": len({r["text"] for r in probes}),
+           "phases": []}
     for i, p in enumerate(phases):
         start = p["t"]
         end = phases[i + 1]["t"] if i + 1 < len(phases) else max(r["t1"] for r in reqs)
@@ -140,7 +152,8 @@ def summary(res):
                 run_start = None
         settled = [r for r in rows if t0 + r["t"] >= start + 1.0]
         over = [r for r in settled if r["own"] > r["allowance"]]
-        speeds = [r["predicted_per_second"] for r in reqs if r["ok"] and r["t0"] >= start + 2 and r["t1"] <= end]
+        speeds = [r["predicted_per_second"] for r in reqs
+                  if r["ok"] and not r.get("probe") and r["t0"] >= start + 2 and r["t1"] <= end]
         out["phases"].append({
             "phase": p["name"], "filler_extra_gib": p["extra_gib"], "seconds": round(end - start, 1),
             "allowance_gib": round(min((r["allowance"] for r in settled), default=0) / GIB, 3),

@@ -86,7 +86,10 @@ pub fn metrics_text(budget: Option<u64>) -> String {
         (
             "pipeshard_vram_budget_bytes",
             "VRAM budget in bytes (0: none).",
-            i.as_ref().map_or(budget, |i| i.budget).unwrap_or(0),
+            super::live::stats()
+                .map(|s| s.budget)
+                .or_else(|| i.as_ref().map_or(budget, |i| i.budget))
+                .unwrap_or(0),
         ),
         (
             "pipeshard_vram_used_bytes",
