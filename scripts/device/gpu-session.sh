@@ -1394,7 +1394,9 @@ s10a() {
 # s10live (after zunstash, dist/ carried): live re-planning (issue 18). A
 # torch filler leaves LIVE_FREE GiB of the card free (default 8);
 # pipeshard-server serves R2 with --vram-budget auto (headroom LIVE_HEADROOM,
-# default 512MiB) while 4 clients stream the reference request one after
+# default 1GiB: what another program can take at once before pipeshard
+# has moved anything; beyond it, the filler gets memory as pipeshard
+# releases it) while 4 clients stream the reference request one after
 # another; the filler then holds LIVE_STEPS GiB more in turn (default
 # "2 8": 2 GiB, then 6 GiB more), then frees them, each for LIVE_PHASE
 # seconds (default 20). Records the loop's samples (process memory against
@@ -1416,7 +1418,7 @@ s10live() {
     cat "$RES/live.filler"
     PIPESHARD_REPLAN_RECORD=$RES/live.trace dist/pipeshard-server --host 127.0.0.1 --port $port --metrics \
         -t 16 -fa on -ctk f16 -ctv f16 --profile "$RES/profile.yaml" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified \
-        --vram-budget auto --vram-headroom "${LIVE_HEADROOM:-512MiB}" ${LIVE_EXACT:+--exact} > "$RES/live.log" 2>&1 &
+        --vram-budget auto --vram-headroom "${LIVE_HEADROOM:-1GiB}" ${LIVE_EXACT:+--exact} > "$RES/live.log" 2>&1 &
     local spid=$!
     ( while kill -0 $spid 2>/dev/null; do
           echo "$(date +%s.%N) $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | tr '\n' ' ')"
