@@ -44,7 +44,7 @@ pub enum LoadDecision {
 
 /// Called with each model load's parameters as upstream resolved them.
 ///
-/// Of the model parameters, `n_gpu_layers`, `use_mmap` and `placement` are
+/// Of the model parameters, `n_gpu_layers`, `use_mmap`, `movable_weights` and `placement` are
 /// installed (upstream's own `-ot` overrides stay as given; `placement` is
 /// asked first). Every context parameter is installed, with its callbacks.
 /// An error fails the load, and upstream exits with its own message after
@@ -89,6 +89,7 @@ impl ModelParams<'static> {
             vocab_only: mp.vocab_only,
             no_alloc: mp.no_alloc,
             repack: mp.use_extra_bufts,
+            movable_weights: mp.movable_weights,
             ..Default::default()
         }
     }
@@ -97,6 +98,7 @@ impl ModelParams<'static> {
     /// a model may be loaded again (the server's sleep and resume) at any time.
     fn write_c_placed(self, mp: &mut ffi::llama_model_params) {
         mp.n_gpu_layers = self.n_gpu_layers;
+        mp.movable_weights = self.movable_weights;
         if !self.use_mmap && matches!(mp.load_mode, ffi::LLAMA_LOAD_MODE_MMAP | ffi::LLAMA_LOAD_MODE_AUTO) {
             mp.load_mode = ffi::LLAMA_LOAD_MODE_NONE;
         }
