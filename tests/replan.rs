@@ -6,9 +6,14 @@
 //! demotions first, the per-op decisions in force switch with the plan,
 //! the metrics follow, and oscillation costs no re-plan storm.
 //!
-//! The migrations here are carried out by a recorder standing in for the
-//! engine's weight migration, which needs a GPU: the server test on the
-//! GPU machine moves real weights.
+//! Most migrations here are carried out by a recorder that stands in for
+//! the engine; the last test moves real weights of the default model with
+//! the engine (patch 0023; without a GPU both residences are host memory,
+//! so a move still reallocates, copies and frees) in the middle of a greedy
+//! generation, and the tokens stay those of a generation without it. The
+//! server test on the GPU machine moves weights between VRAM and host.
+
+mod common;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -328,4 +333,91 @@ fn the_sampling_thread_follows_a_trace_and_wakes_the_loop() {
         80 * GIB - 6 * GIB - HEADROOM
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn tokens_stay_identical_across_a_live_demotion_in_exact_mode() {
+    use pipeshard::engine::{self, Context, ContextParams, Model, ModelParams, SamplingParams};
+    use pipeshard::generate::{generate, generate_between, GenerateRequest};
+    use pipeshard::launch::live;
+
+    let path = common::default_model_path();
+    engine::init(None).unwrap();
+    let (_, info) = pipeshard::gguf::inspect(&path).unwrap();
+    let profile = fixture();
+    let n_ctx = 512;
+    let mut req = PlanRequest::new(0, n_ctx);
+    req.exact = true;
+    let minimum = match plan::make_plan(&info, &profile, &req) {
+        Err(plan::PlanError::BudgetTooSmall { minimum, .. }) => minimum,
+        other => panic!("{other:?}"),
+    };
+    // Launched with room for every weight; then the card leaves a little
+    // less than the plan uses: the model is small enough (66 MB of
+    // weights) that the re-plan, 256 MiB under the allowance, is the
+    // smallest plan, every weight on the host.
+    req.budget = minimum + 600 * MIB;
+    let plan0 = plan::make_plan(&info, &profile, &req).unwrap();
+    assert!(plan0.exact);
+    let basis = ReplanBasis::new(info, profile, req, &plan0);
+    let f = Follower::new(
+        basis,
+        plan0.clone(),
+        plan0.vram.budget,
+        Some(HEADROOM),
+        Hooks::default(),
+    );
+
+    let model = Model::load(
+        &path,
+        ModelParams {
+            n_gpu_layers: 0,
+            use_mmap: false,
+            movable_weights: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let cp = ContextParams {
+        n_ctx: n_ctx as u32,
+        ..Default::default()
+    };
+    let prompt = model.tokenize("The three primary colours are", true, false).unwrap();
+    let gen = GenerateRequest::new(prompt, 24, SamplingParams::greedy());
+    let reference = {
+        let mut ctx = Context::new(&model, cp.clone()).unwrap();
+        generate(&mut ctx, &gen, |_| true).unwrap().tokens
+    };
+
+    let mut ctx = Context::new(&model, cp).unwrap();
+    let mut step = 0;
+    let mut t = Duration::ZERO;
+    let mut applied = Vec::new();
+    let out = generate_between(&mut ctx, &gen, |_| true, &mut |ctx| {
+        step += 1;
+        // The card shrinks after 8 tokens: the next two samples decide, and
+        // the move happens before the next decode.
+        if step >= 8 {
+            f.step(t, Some(card(plan0.vram.total - 16 * MIB, None)));
+            t += hysteresis::SAMPLE_EVERY;
+        }
+        if let Some(r) = f.apply_pending(|moves| live::migrate(ctx.context_ref(), moves)) {
+            applied.push((step, r));
+        }
+    })
+    .unwrap();
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    let (at, result) = &applied[0];
+    let m = result.as_ref().expect("the engine moved the weights");
+    assert!(*at < 24 && m.moved > 0 && m.bytes_to_host > 0, "{m:?}");
+    assert_eq!(f.stats().replans, 1);
+    assert!(f.stats().unfit);
+    let demoted: Vec<String> = plan0
+        .tensors
+        .iter()
+        .filter(|t| t.resident && !f.in_force().tensors.iter().any(|n| n.name == t.name && n.resident))
+        .map(|t| t.name.clone())
+        .collect();
+    assert_eq!(demoted.len(), m.moved);
+    assert_eq!(out.tokens, reference, "the tokens changed across the migration");
 }

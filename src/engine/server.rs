@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 
 use super::context::ContextParams;
 use super::ffi;
+use super::migrate::ContextRef;
 use super::model::ModelParams;
 use super::placement::tensor_buft_trampoline;
 
@@ -299,36 +300,23 @@ pub fn set_server_reports(key: &str, props: ReportText, metrics: ReportText) -> 
     true
 }
 
-/// The server's main context, lent to the loop hook between two batches
-/// (patch 0024): no graph of it runs while the hook holds it.
-pub struct LoopContext<'a> {
-    ptr: std::ptr::NonNull<ffi::llama_context>,
-    _borrow: std::marker::PhantomData<&'a mut ffi::llama_context>,
-}
-
-impl LoopContext<'_> {
-    /// The context's address, to tell contexts apart (a model reloaded
-    /// after the server slept gets a new one).
-    pub fn id(&self) -> usize {
-        self.ptr.as_ptr() as usize
-    }
-}
-
-/// Called by the server's loop between two batches with its main context.
-pub type LoopHook = Box<dyn Fn(LoopContext<'_>) + Send + Sync>;
+/// Called by the server's loop between two batches (patch 0024) with its
+/// main context, borrowed for the call: no graph of it runs meanwhile.
+pub type LoopHook = Box<dyn Fn(ContextRef<'_>) + Send + Sync>;
 
 static LOOP_HOOK: OnceLock<LoopHook> = OnceLock::new();
 
 unsafe extern "C" fn loop_trampoline(ctx: *mut ffi::llama_context, _: *mut c_void) {
-    let (Some(hook), Some(ptr)) = (LOOP_HOOK.get(), std::ptr::NonNull::new(ctx)) else {
+    let Some(hook) = LOOP_HOOK.get() else {
         return;
     };
-    let lc = LoopContext {
-        ptr,
-        _borrow: std::marker::PhantomData,
+    // SAFETY: the server passes its live main context on its loop's thread,
+    // between two batches, and uses it for nothing else during the call.
+    let Some(cr) = (unsafe { ContextRef::from_raw(ctx) }) else {
+        return;
     };
     // A panic must not unwind into C++.
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(lc))).is_err() {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(cr))).is_err() {
         tracing::error!("the server loop hook panicked");
     }
 }

@@ -8,8 +8,8 @@
 use std::sync::{Arc, Mutex};
 
 use super::plan::set_installed_plan;
-use crate::engine::{self, ContextParams, LoopContext};
-use crate::launch::live::{self, Follower, Hooks, Migration, Move, ReplanBasis, Snapshot};
+use crate::engine::{self, ContextParams, ContextRef};
+use crate::launch::live::{self, Follower, Hooks, ReplanBasis, Snapshot};
 use crate::plan::{Plan, PolicySwitch};
 
 static FOLLOWER: Mutex<Option<Arc<Follower>>> = Mutex::new(None);
@@ -61,16 +61,11 @@ pub fn start(basis: ReplanBasis, plan: &Plan, budget: u64, headroom: Option<u64>
     }
 }
 
-/// The server loop's hook: apply a posted re-plan between two batches.
-pub fn on_loop(ctx: LoopContext<'_>) {
+/// The server loop's hook: apply a posted re-plan between two batches,
+/// moving the weights with the engine (patch 0023).
+pub fn on_loop(ctx: ContextRef<'_>) {
     let Some(f) = follower() else {
         return;
     };
-    f.apply_pending(|moves| migrate(ctx, moves));
-}
-
-/// Move the weights through the engine.
-fn migrate(ctx: LoopContext<'_>, moves: &[Move]) -> Result<Migration, String> {
-    let _ = (ctx, moves);
-    Err("this build has no live weight migration (the engine's patch 0023)".into())
+    f.apply_pending(|moves| live::migrate(ctx, moves));
 }

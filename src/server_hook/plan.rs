@@ -120,6 +120,8 @@ fn plan_target(
     launched.install(mp, cp).map_err(plan_err(&req.model))?;
     // --vram-budget auto: the plan follows the card while serving.
     if let Some(basis) = launched.replan.clone() {
+        // One buffer per weight, so that each weight moved frees its memory.
+        mp.movable_weights = true;
         super::live::start(basis, &launched.plan, launched.budget, opts.pipeshard.vram_headroom, cp);
     }
     // Upstream sizes its outputs for what it samples (speculative checks);

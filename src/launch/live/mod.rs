@@ -15,12 +15,14 @@
 
 pub mod follower;
 pub mod hysteresis;
+mod migrate;
 pub mod moves;
 pub mod replan;
 pub mod source;
 pub mod stats;
 
 pub use follower::{Follower, Hooks, Migration, Pending};
+pub use migrate::migrate;
 pub use moves::{Move, Side};
 pub use replan::{ReplanBasis, Replanned};
 pub use source::{CardSample, FreeMemorySource, NvmlSource, TraceSource, TRACE_ENV};

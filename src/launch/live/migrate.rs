@@ -1,0 +1,29 @@
+//! Carrying out a re-plan's moves with the engine's live weight migration
+//! (patch 0023), in the thread that runs the model, between two decodes.
+
+use super::follower::Migration;
+use super::moves::{Move, Side};
+use crate::engine::{self, ContextRef, Residence, WeightMove};
+
+/// Move the weights of `moves`, in order, in the context `ctx` borrows.
+pub fn migrate(ctx: ContextRef<'_>, moves: &[Move]) -> Result<Migration, String> {
+    let moves: Vec<WeightMove> = moves
+        .iter()
+        .map(|m| WeightMove {
+            tensor: m.tensor.clone(),
+            to: match m.to {
+                Side::Device => Residence::Device,
+                Side::Host => Residence::Host,
+            },
+        })
+        .collect();
+    engine::migrate_weights(ctx, &moves)
+        .map(|r| Migration {
+            moved: r.moved,
+            bytes_to_host: r.bytes_to_host,
+            bytes_to_device: r.bytes_to_device,
+            device_bytes_freed: r.device_bytes_freed,
+            elapsed: r.elapsed,
+        })
+        .map_err(|e| e.to_string())
+}
