@@ -1407,12 +1407,13 @@ s10a() {
 # LIVE_FRESH=1 (default) then starts the server afresh at each phase's
 # budget for the speed reference.
 s10live() {
+    LIVE_PY=${LIVE_PY:-scripts/device/live_replan.py}
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/ 2>/dev/null || true
     ZUPSTREAM=0 zprep
     local port=18090 phase=${LIVE_PHASE:-20} ctl=$W/filler.want stop=$W/clients.stop
     rm -f "$RES"/live.* "$stop"
     echo 0 > "$ctl"
-    python3 scripts/device/live_replan.py filler "$ctl" "${LIVE_FREE:-8}" > "$RES/live.filler" 2>&1 &
+    python3 "$LIVE_PY" filler "$ctl" "${LIVE_FREE:-8}" > "$RES/live.filler" 2>&1 &
     local filler=$!
     for _ in $(seq 120); do grep -q base_gib "$RES/live.filler" && break; sleep 0.5; done
     cat "$RES/live.filler"
@@ -1432,7 +1433,7 @@ s10live() {
     done
     [[ -n $ok ]] || { tail -30 "$RES/live.log"; kill $filler; echo -1 > "$ctl"; return 1; }
     grep -E "pipeshard plan for|follows the card" "$RES/live.log"
-    python3 scripts/device/live_replan.py clients $port 4 "$stop" "$RES/live.requests" &
+    python3 "$LIVE_PY" clients $port 4 "$stop" "$RES/live.requests" &
     local cl=$!
     local step
     echo "{\"name\": \"start\", \"extra_gib\": 0, \"t\": $(date +%s.%N)}" > "$RES/live.phases"
@@ -1449,7 +1450,7 @@ s10live() {
     echo -1 > "$ctl"; wait $filler 2>/dev/null || true
     cat "$RES/live.filler"
     grep -E "re-plan|allowance|smallest plan" "$RES/live.log" | tee "$RES/live.moves" | head -40
-    python3 scripts/device/live_replan.py summary "$RES" | tee "$RES/live.summary.json"
+    python3 "$LIVE_PY" summary "$RES" | tee "$RES/live.summary.json"
     [[ ${LIVE_FRESH:-1} == 1 ]] || return 0
     # A fresh start at each budget the live plan had, for the speed reference.
     local b
@@ -1466,7 +1467,7 @@ s10live() {
             sleep 0.5
         done
         if [[ -n $ok ]]; then
-            python3 scripts/device/live_replan.py clients $port 4 "$stop" "$RES/live-fresh-$b.requests" &
+            python3 "$LIVE_PY" clients $port 4 "$stop" "$RES/live-fresh-$b.requests" &
             cl=$!
             sleep "${LIVE_FRESH_S:-12}"; touch "$stop"; wait $cl || true
             python3 -c 'import json,sys
