@@ -1431,8 +1431,8 @@ s10live() {
         kill -0 $spid 2>/dev/null || break
         sleep 0.5
     done
-    [[ -n $ok ]] || { tail -30 "$RES/live.log"; kill $filler; echo -1 > "$ctl"; return 1; }
-    grep -E "pipeshard plan for|follows the card" "$RES/live.log"
+    [[ -n $ok ]] || { tail -30 "$RES/live.log"; echo -1 > "$ctl"; kill $filler 2>/dev/null || true; return 1; }
+    grep -E "pipeshard plan for|follows the card" "$RES/live.log" || true
     python3 "$LIVE_PY" clients $port 4 "$stop" "$RES/live.requests" &
     local cl=$!
     local step
@@ -1445,12 +1445,15 @@ s10live() {
     done
     touch "$stop"
     wait $cl || true
-    curl -s "http://127.0.0.1:$port/metrics" | grep -E '^pipeshard_' | tee "$RES/live.metrics"
-    kill $spid; wait $spid 2>/dev/null || true
+    curl -s "http://127.0.0.1:$port/metrics" | grep -E '^pipeshard_' > "$RES/live.metrics" || true
+    cat "$RES/live.metrics"
+    kill $spid 2>/dev/null || true; wait $spid 2>/dev/null || true
     echo -1 > "$ctl"; wait $filler 2>/dev/null || true
     cat "$RES/live.filler"
-    grep -E "re-plan|allowance|smallest plan" "$RES/live.log" | tee "$RES/live.moves" | head -40
-    python3 "$LIVE_PY" summary "$RES" | tee "$RES/live.summary.json"
+    grep -E "re-plan|allowance|smallest plan" "$RES/live.log" > "$RES/live.moves" || true
+    head -40 "$RES/live.moves"
+    python3 "$LIVE_PY" summary "$RES" > "$RES/live.summary.json" || true
+    cat "$RES/live.summary.json"
     [[ ${LIVE_FRESH:-1} == 1 ]] || return 0
     # A fresh start at each budget the live plan had, for the speed reference.
     local b
@@ -1476,7 +1479,7 @@ print("fresh at %s bytes: %d requests, decode %.1f tok/s each (mean)" % (sys.arg
         else
             tail -5 "$RES/live-fresh-$b.log"
         fi
-        kill $spid; wait $spid 2>/dev/null || true
+        kill $spid 2>/dev/null || true; wait $spid 2>/dev/null || true
     done
 }
 
