@@ -24,7 +24,7 @@ use std::time::Duration;
 use pipeshard::engine::{Offload, OffloadQuery, OpKind};
 use pipeshard::gguf::ModelInfo;
 use pipeshard::launch::live::{
-    hysteresis, moves, CardSample, Follower, Hooks, Migration, Move, ReplanBasis, Side, TraceSource,
+    hysteresis, moves, CardSample, Follower, Hooks, Migration, MigrationFailure, Move, ReplanBasis, Side, TraceSource,
 };
 use pipeshard::plan::{self, Exec, Plan, PlanRequest, PolicySwitch};
 use pipeshard::profile::MachineProfile;
@@ -68,7 +68,7 @@ fn card(allowance: u64, own: Option<u64>) -> CardSample {
 struct Recorder(Arc<Mutex<Vec<Vec<Move>>>>);
 
 impl Recorder {
-    fn migrate(&self, moves: &[Move]) -> Result<Migration, String> {
+    fn migrate(&self, moves: &[Move]) -> Result<Migration, MigrationFailure> {
         self.0.lock().unwrap().push(moves.to_vec());
         let (freed, taken) = moves::device_bytes(moves);
         Ok(Migration {
@@ -420,4 +420,43 @@ fn tokens_stay_identical_across_a_live_demotion_in_exact_mode() {
         .collect();
     assert_eq!(demoted.len(), m.moved);
     assert_eq!(out.tokens, reference, "the tokens changed across the migration");
+}
+
+#[test]
+fn a_failed_migration_keeps_the_plan_where_the_weights_are() {
+    let (plan0, basis) = launched(8 * GIB, false);
+    let f = Follower::new(basis, plan0.clone(), 8 * GIB, Some(HEADROOM), Hooks::default());
+    let shrink = |f: &Follower, t: &mut Duration| {
+        for _ in 0..2 {
+            f.step(*t, Some(card(6 * GIB, None)));
+            *t += hysteresis::SAMPLE_EVERY;
+        }
+        assert!(f.pending().is_some());
+    };
+    let mut t = Duration::ZERO;
+    // Nothing moved: the plan before stays in force.
+    shrink(&f, &mut t);
+    let r = f.apply_pending(|_| {
+        Err(MigrationFailure {
+            message: "out of memory".into(),
+            all_moved: false,
+        })
+    });
+    assert!(r.unwrap().is_err());
+    assert_eq!(resident(&f.in_force()), resident(&plan0));
+    assert_eq!((f.stats().failures, f.stats().replans), (1, 0));
+    // The loop tries again once SHRINK_RETRY has passed.
+    t += hysteresis::SHRINK_RETRY;
+    shrink(&f, &mut t);
+    // Every weight moved but the compute buffers could not be reserved:
+    // the new plan is where the weights are.
+    let next = f.pending().unwrap().replanned.plan;
+    f.apply_pending(|_| {
+        Err(MigrationFailure {
+            message: "compute".into(),
+            all_moved: true,
+        })
+    });
+    assert_eq!(resident(&f.in_force()), resident(&next));
+    assert_eq!(f.stats().failures, 2);
 }

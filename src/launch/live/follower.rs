@@ -30,6 +30,22 @@ pub struct Migration {
     pub elapsed: Duration,
 }
 
+/// Why a migration failed, and whether its weights moved all the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationFailure {
+    pub message: String,
+    /// Every weight moved (what failed came after, e.g. reserving the
+    /// compute buffers for the new placement): the new plan is where the
+    /// weights are, so its decisions go in force.
+    pub all_moved: bool,
+}
+
+impl std::fmt::Display for MigrationFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// A re-plan waiting for the model's thread.
 #[derive(Debug, Clone)]
 pub struct Pending {
@@ -176,17 +192,20 @@ impl Follower {
     /// before stays in force; the loop tries again when it next decides.
     pub fn apply_pending(
         &self,
-        migrate: impl FnOnce(&[Move]) -> Result<Migration, String>,
-    ) -> Option<Result<Migration, String>> {
+        migrate: impl FnOnce(&[Move]) -> Result<Migration, MigrationFailure>,
+    ) -> Option<Result<Migration, MigrationFailure>> {
         let p = lock(&self.shared.pending).take()?;
         let s = &self.shared;
         let result = migrate(&p.moves);
+        let plan = &p.replanned.plan;
+        let put_in_force = || {
+            *lock(&s.in_force) = plan.clone();
+            (s.hooks.switched)(plan, p.replanned.budget);
+            s.stats.in_force(p.replanned.budget, plan.predicted.decode_tok_s);
+        };
         match &result {
             Ok(m) => {
-                let plan = &p.replanned.plan;
-                *lock(&s.in_force) = plan.clone();
-                (s.hooks.switched)(plan, p.replanned.budget);
-                s.stats.in_force(p.replanned.budget, plan.predicted.decode_tok_s);
+                put_in_force();
                 s.stats.migrated(m.elapsed, m.bytes_to_host, m.bytes_to_device);
                 tracing::info!(
                     "re-plan in force: moved {} weights ({} to the host, {} to the GPU, {} of device memory freed) in {:.3} s, {:.3} s after the card changed; budget {}, plan {} (weights {}), predicted {:.1} tok/s",
@@ -200,6 +219,13 @@ impl Follower {
                     fmt_bytes(plan.vram.total),
                     fmt_bytes(plan.vram.weights),
                     plan.predicted.decode_tok_s
+                );
+            }
+            Err(e) if e.all_moved => {
+                s.stats.failed();
+                put_in_force();
+                tracing::error!(
+                    "re-plan: the weights moved to the new plan, which is in force, but the engine reports: {e}"
                 );
             }
             Err(e) => {

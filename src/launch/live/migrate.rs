@@ -1,12 +1,12 @@
 //! Carrying out a re-plan's moves with the engine's live weight migration
 //! (patch 0023), in the thread that runs the model, between two decodes.
 
-use super::follower::Migration;
+use super::follower::{Migration, MigrationFailure};
 use super::moves::{Move, Side};
-use crate::engine::{self, ContextRef, Residence, WeightMove};
+use crate::engine::{self, ContextRef, EngineError, Residence, WeightMove};
 
 /// Move the weights of `moves`, in order, in the context `ctx` borrows.
-pub fn migrate(ctx: ContextRef<'_>, moves: &[Move]) -> Result<Migration, String> {
+pub fn migrate(ctx: ContextRef<'_>, moves: &[Move]) -> Result<Migration, MigrationFailure> {
     let moves: Vec<WeightMove> = moves
         .iter()
         .map(|m| WeightMove {
@@ -25,5 +25,8 @@ pub fn migrate(ctx: ContextRef<'_>, moves: &[Move]) -> Result<Migration, String>
             device_bytes_freed: r.device_bytes_freed,
             elapsed: r.elapsed,
         })
-        .map_err(|e| e.to_string())
+        .map_err(|e| MigrationFailure {
+            all_moved: matches!(e, EngineError::ComputeReserve { .. }),
+            message: e.to_string(),
+        })
 }
