@@ -1457,7 +1457,14 @@ s10live() {
     [[ ${LIVE_FRESH:-1} == 1 ]] || return 0
     # A fresh start at each budget the live plan had, for the speed reference.
     local b
-    for b in $(python3 -c 'import json,sys; print(" ".join(str(int(p["budget_gib"]*2**30)) for p in json.load(open(sys.argv[1]))["phases"] if p["budget_gib"]))' "$RES/live.summary.json" | tr ' ' '\n' | sort -u); do
+    # (budgets within 0.5 GiB of one measured already are not measured again)
+    for b in $(python3 -c 'import json,sys
+seen = []
+for p in json.load(open(sys.argv[1]))["phases"]:
+    b = p["budget_gib"]
+    if b and all(abs(b - x) > 0.5 for x in seen):
+        seen.append(b)
+        print(int(b * 2**30))' "$RES/live.summary.json"); do
         rm -f "$stop"
         dist/pipeshard-server --host 127.0.0.1 --port $port --metrics -t 16 -fa on -ctk f16 -ctv f16 \
             --profile "$RES/profile.yaml" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified --vram-budget "$b" \

@@ -7,11 +7,11 @@ gpu-session.sh's s10live:
                              EXTRA read from the file CONTROL every 50 ms
                              (taking what it can when the card is short);
                              it logs what it holds to stdout.
-  clients PORT N STOP OUT    N clients streaming /completion requests (the
-                             reference case: 4096-token prompt, 64 tokens)
-                             one after the other until the file STOP
-                             exists; every request's times and outcome as
-                             JSON lines into OUT.
+  clients PORT N STOP OUT    rounds of N concurrent streaming /completion
+                             requests (the reference case: 4096-token
+                             prompt, 64 tokens) until the file STOP exists;
+                             every request's times and outcome as JSON
+                             lines into OUT.
   summary RES                phases, process memory against the
                              allowance, failed requests, decode speed per
                              phase and migrations, from RES's files.
@@ -69,56 +69,56 @@ def filler(control, leave_gib):
 
 
 def clients(port, n, stop, out):
+    """Rounds of N concurrent requests (the protocol of a fresh start's
+    measurement too), one round after another until STOP exists; in every
+    other round client 0 sends the probe instead."""
     port, n = int(port), int(n)
-    lock = threading.Lock()
     f = open(out, "a")
 
-    def one(i):
-        k = 0
-        while not os.path.exists(stop):
-            # Client 0's every other request is the probe: one fixed prompt,
-            # greedy, whose output must not change across migrations in the
-            # exact mode.
-            probe = i == 0 and k % 2 == 1
-            if probe:
-                prompt = [1000 + (j * 104729) % 20000 for j in range(512)]
-            else:
-                prompt = [1000 + (i * 7919 + (k * 31 + j) * 104729) % 20000 for j in range(4096)]
-            n_predict = 16 if probe else 64
-            body = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "temperature": 0,
-                    "cache_prompt": False, "stream": True}
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-            t0 = time.time()
-            rec = {"client": i, "req": k, "t0": t0, "probe": probe}
-            try:
-                timings, first, pieces, text = None, None, 0, ""
-                with urllib.request.urlopen(req, timeout=600) as r:
-                    for line in r:
-                        line = line.decode().strip()
-                        if not line.startswith("data:"):
-                            continue
-                        j = json.loads(line[5:])
-                        if j.get("content"):
-                            text += j["content"]
-                            pieces += 1
-                            first = first or time.time()
-                        if j.get("stop"):
-                            timings = j.get("timings")
-                rec.update(ok=timings is not None and timings.get("predicted_n") == n_predict, t1=time.time(),
-                           t_first=first, pieces=pieces, **({"text": text} if probe else {}),
-                           **({k2: timings[k2] for k2 in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms",
-                                                          "predicted_per_second")} if timings else {}))
-            except Exception as e:  # a failed request is what the test counts
-                rec.update(ok=False, t1=time.time(), error=repr(e))
-            with lock:
-                f.write(json.dumps(rec) + "\n")
-                f.flush()
-            k += 1
+    def one(i, k, rec):
+        probe = i == 0 and k % 2 == 1
+        if probe:
+            prompt = [1000 + (j * 104729) % 20000 for j in range(512)]
+        else:
+            prompt = [1000 + (i * 7919 + (k * 31 + j) * 104729) % 20000 for j in range(4096)]
+        n_predict = 16 if probe else 64
+        body = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "temperature": 0,
+                "cache_prompt": False, "stream": True}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        rec.update({"client": i, "req": k, "t0": time.time(), "probe": probe})
+        try:
+            timings, first, pieces, text = None, None, 0, ""
+            with urllib.request.urlopen(req, timeout=600) as r:
+                for line in r:
+                    line = line.decode().strip()
+                    if not line.startswith("data:"):
+                        continue
+                    j = json.loads(line[5:])
+                    if j.get("content"):
+                        text += j["content"]
+                        pieces += 1
+                        first = first or time.time()
+                    if j.get("stop"):
+                        timings = j.get("timings")
+            rec.update(ok=timings is not None and timings.get("predicted_n") == n_predict, t1=time.time(),
+                       t_first=first, pieces=pieces, **({"text": text} if probe else {}),
+                       **({k2: timings[k2] for k2 in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms",
+                                                      "predicted_per_second")} if timings else {}))
+        except Exception as e:  # a failed request is what the test counts
+            rec.update(ok=False, t1=time.time(), error=repr(e))
 
-    ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    [t.start() for t in ts]
-    [t.join() for t in ts]
+    k = 0
+    while not os.path.exists(stop):
+        recs = [{} for _ in range(n)]
+        ts = [threading.Thread(target=one, args=(i, k, recs[i])) for i in range(n)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        for rec in recs:
+            rec["round"] = k
+            f.write(json.dumps(rec) + "\n")
+        f.flush()
+        k += 1
 
 
 def summary(res):
