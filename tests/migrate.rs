@@ -72,14 +72,12 @@ fn greedy(
 ) -> Vec<Token> {
     ctx.clear();
     ctx.decode_tokens(prompt, 0, true).unwrap();
-    let mut pos = prompt.len() as i32;
     let mut out = Vec::new();
     for i in 0..n {
         let t = argmax(ctx.logits(-1).unwrap());
         out.push(t);
         between(i, ctx);
-        ctx.decode_tokens(&[t], pos, true).unwrap();
-        pos += 1;
+        ctx.decode_tokens(&[t], (prompt.len() + i) as i32, true).unwrap();
     }
     out
 }
