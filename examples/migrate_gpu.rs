@@ -108,7 +108,7 @@ fn main() -> Result<()> {
         .plan
         .tensors
         .iter()
-        .filter(|t| t.resident && t.role.starts_with("ffn"))
+        .filter(|t| t.resident && t.name.contains(".ffn_"))
     {
         if total >= demote_bytes {
             break;
