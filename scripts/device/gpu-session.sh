@@ -1490,6 +1490,28 @@ print("fresh at %s bytes: %d requests, decode %.1f tok/s each (mean)" % (sys.arg
     done
 }
 
+# Issue 18, engine half (patch 0023), after zunstash with dist/ carried
+# (pipeshard, examples/migrate_gpu and the libraries): R1 under an exact-mode
+# plan with movable weights; ~1 GiB of device weights demoted to pinned host
+# memory mid-decode and promoted back, tokens against the unmoved run, NVML
+# process memory around each move, and each move's time. At 8 GiB the plan
+# keeps everything on the GPU (the demoted weights then stream through slots
+# the demotion adds); at 4 GiB it already streams some.
+zmigrate() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    [[ -f dist/lib/libggml-cuda.so.stack ]] || bash scripts/device/cuda-stack.sh dist
+    [[ -f $W/r1.gguf ]] || $P synth --arch llama3.1-8b --quant q4_0 -o "$W/r1.gguf" > /dev/null
+    cp profiles/intel-r-xeon-r-processor__nvidia-h200__t16.yaml "$RES/profile.yaml"
+    local b
+    for b in 8GiB 4GiB; do
+        dist/migrate_gpu "$W/r1.gguf" "$b" "$RES/profile.yaml" 1024 48 > "$RES/migrate-r1-$b.jsonl" 2> "$RES/migrate-r1-$b.log" \
+            || echo "migrate_gpu $b failed: rc $?"
+        cat "$RES/migrate-r1-$b.jsonl"
+        grep -iE "error|abort|moved weights" "$RES/migrate-r1-$b.log" | tail -5 || true
+    done
+}
+
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
 
 "$@"
