@@ -207,6 +207,8 @@ impl Follower {
             Ok(m) => {
                 put_in_force();
                 s.stats.migrated(m.elapsed, m.bytes_to_host, m.bytes_to_device);
+                tracing::info!("re-plan moved: {}", describe(&p.moves, 12));
+                tracing::debug!("re-plan moved, every weight: {}", describe(&p.moves, usize::MAX));
                 tracing::info!(
                     "re-plan in force: moved {} weights ({} to the host, {} to the GPU, {} of device memory freed) in {:.3} s, {:.3} s after the card changed; budget {}, plan {} (weights {}), predicted {:.1} tok/s",
                     m.moved,
@@ -241,6 +243,26 @@ impl Drop for Follower {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// What `moves` move, for the log: each weight with its destination, the
+/// first `shown` of them and a count of the others.
+fn describe(moves: &[Move], shown: usize) -> String {
+    let one = |m: &Move| {
+        format!(
+            "{} → {}",
+            m.tensor,
+            match m.to {
+                super::Side::Device => "GPU",
+                super::Side::Host => "host",
+            }
+        )
+    };
+    let mut out: Vec<String> = moves.iter().take(shown).map(one).collect();
+    if moves.len() > shown {
+        out.push(format!("and {} more", moves.len() - shown));
+    }
+    out.join(", ")
 }
 
 fn step(s: &Shared, now: Duration, sample: Option<CardSample>) {
