@@ -87,7 +87,7 @@ fn run(f: &Follower, rec: &Recorder, t: &mut Duration, secs: f64, sample: impl F
     let end = *t + Duration::from_secs_f64(secs);
     while *t < end {
         f.step(*t, Some(sample(*t)));
-        f.apply_pending(|m| rec.migrate(m));
+        f.apply_pending(|m, _| rec.migrate(m));
         *t += hysteresis::SAMPLE_EVERY;
     }
 }
@@ -401,7 +401,7 @@ fn tokens_stay_identical_across_a_live_demotion_in_exact_mode() {
             f.step(t, Some(card(plan0.vram.total - 16 * MIB, None)));
             t += hysteresis::SAMPLE_EVERY;
         }
-        if let Some(r) = f.apply_pending(|moves| live::migrate(ctx.context_ref(), moves)) {
+        if let Some(r) = f.apply_pending(|moves, slots| live::migrate(ctx.context_ref(), moves, slots)) {
             applied.push((step, r));
         }
     })
@@ -436,7 +436,7 @@ fn a_failed_migration_keeps_the_plan_where_the_weights_are() {
     let mut t = Duration::ZERO;
     // Nothing moved: the plan before stays in force.
     shrink(&f, &mut t);
-    let r = f.apply_pending(|_| {
+    let r = f.apply_pending(|_, _| {
         Err(MigrationFailure {
             message: "out of memory".into(),
             all_moved: false,
@@ -451,7 +451,7 @@ fn a_failed_migration_keeps_the_plan_where_the_weights_are() {
     // Every weight moved but the compute buffers could not be reserved:
     // the new plan is where the weights are.
     let next = f.pending().unwrap().replanned.plan;
-    f.apply_pending(|_| {
+    f.apply_pending(|_, _| {
         Err(MigrationFailure {
             message: "compute".into(),
             all_moved: true,
@@ -459,4 +459,51 @@ fn a_failed_migration_keeps_the_plan_where_the_weights_are() {
     });
     assert_eq!(resident(&f.in_force()), resident(&next));
     assert_eq!(f.stats().failures, 2);
+}
+
+#[test]
+fn below_the_smallest_plan_with_the_launchs_slots_the_slots_shrink() {
+    let (plan0, basis) = launched(8 * GIB, false);
+    assert_eq!(plan0.stream_slots, 4);
+    let minimum = |slots: u32| {
+        let mut r = basis.request.clone();
+        r.stream_slots = slots;
+        r.budget = 0;
+        match plan::make_plan(&basis.info, &basis.profile, &r) {
+            Err(plan::PlanError::BudgetTooSmall { minimum, .. }) => minimum,
+            other => panic!("{other:?}"),
+        }
+    };
+    let (m4, m3, m2) = (minimum(4), minimum(3), minimum(2));
+    assert!(m2 < m3 && m3 < m4, "{m2} {m3} {m4}");
+    // The most slots that fit.
+    let r = basis.plan((m3 + m4) / 2).unwrap();
+    assert!(r.fits);
+    assert_eq!(r.plan.stream_slots, 3);
+    let r = basis.plan((m2 + m3) / 2).unwrap();
+    assert!(r.fits);
+    assert_eq!(r.plan.stream_slots, 2);
+    // Below two slots' smallest plan: the smallest plan, with two slots.
+    let r = basis.plan(m2 - 1).unwrap();
+    assert!(!r.fits);
+    assert_eq!((r.plan.stream_slots, r.plan.vram.total), (2, m2));
+    // Through the loop: the migration changes the slots first, and growing
+    // back restores the launch's.
+    let f = Follower::new(basis, plan0, 8 * GIB, Some(HEADROOM), Hooks::default());
+    let slots_seen = Mutex::new(Vec::new());
+    let mut t = Duration::ZERO;
+    for (allowance, secs) in [((m2 + m3) / 2 + hysteresis::SLACK, 1.0), (8 * GIB, 5.0)] {
+        let end = t + Duration::from_secs_f64(secs);
+        while t < end {
+            f.step(t, Some(card(allowance, None)));
+            f.apply_pending(|m, s| {
+                slots_seen.lock().unwrap().push(s.map(|s| s.n));
+                Recorder::default().migrate(m)
+            });
+            t += hysteresis::SAMPLE_EVERY;
+        }
+    }
+    assert_eq!(*slots_seen.lock().unwrap(), vec![Some(2), Some(4)]);
+    assert!(!f.stats().unfit);
+    assert_eq!(f.in_force().stream_slots, 4);
 }

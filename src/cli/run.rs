@@ -401,7 +401,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
                 }
                 None => match &follower {
                     Some(f) => generate_between(&mut ctx, &req, &mut on_text, &mut |ctx| {
-                        f.apply_pending(|moves| live::migrate(ctx.context_ref(), moves));
+                        f.apply_pending(|moves, slots| live::migrate(ctx.context_ref(), moves, slots));
                     })?,
                     None => generate(&mut ctx, &req, &mut on_text)?,
                 },

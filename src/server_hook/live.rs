@@ -67,5 +67,5 @@ pub fn on_loop(ctx: ContextRef<'_>) {
     let Some(f) = follower() else {
         return;
     };
-    f.apply_pending(|moves| live::migrate(ctx, moves));
+    f.apply_pending(|moves, slots| live::migrate(ctx, moves, slots));
 }

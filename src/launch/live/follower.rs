@@ -46,12 +46,32 @@ impl std::fmt::Display for MigrationFailure {
     }
 }
 
+/// The streaming slots and routed-expert threshold of a plan (patches 0003
+/// and 0005), which a migration changes first when they differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slots {
+    pub n: u32,
+    pub routed_max: u32,
+}
+
+impl Slots {
+    pub fn of(plan: &Plan) -> Slots {
+        Slots {
+            n: plan.stream_slots,
+            routed_max: plan.stream_routed_max,
+        }
+    }
+}
+
 /// A re-plan waiting for the model's thread.
 #[derive(Debug, Clone)]
 pub struct Pending {
     pub replanned: Replanned,
     /// From the plan in force to the new one, in order.
     pub moves: Vec<Move>,
+    /// The new plan's streaming slots, when they differ from the plan in
+    /// force's.
+    pub slots: Option<Slots>,
     /// The allowance it follows.
     pub allowance: u64,
     pub decided: Instant,
@@ -187,16 +207,17 @@ impl Follower {
     }
 
     /// In the model's thread, between two batches: carry out the posted
-    /// re-plan with `migrate` and put its plan in force. Returns what was
+    /// re-plan with `migrate` (its moves, and its streaming slots first when
+    /// they change) and put its plan in force. Returns what was
     /// done (None: nothing was posted). When `migrate` fails the plan
     /// before stays in force; the loop tries again when it next decides.
     pub fn apply_pending(
         &self,
-        migrate: impl FnOnce(&[Move]) -> Result<Migration, MigrationFailure>,
+        migrate: impl FnOnce(&[Move], Option<Slots>) -> Result<Migration, MigrationFailure>,
     ) -> Option<Result<Migration, MigrationFailure>> {
         let p = lock(&self.shared.pending).take()?;
         let s = &self.shared;
-        let result = migrate(&p.moves);
+        let result = migrate(&p.moves, p.slots);
         let plan = &p.replanned.plan;
         let put_in_force = || {
             *lock(&s.in_force) = plan.clone();
@@ -321,13 +342,14 @@ fn step(s: &Shared, now: Duration, sample: Option<CardSample>) {
             fmt_bytes(replanned.plan.vram.total)
         );
     }
-    let moves = {
+    let (moves, slots) = {
         let in_force = lock(&s.in_force);
         let value = s.basis.value_per_byte(&in_force);
-        diff(&in_force, &replanned.plan, &value)
+        let slots = Some(Slots::of(&replanned.plan)).filter(|&n| n != Slots::of(&in_force));
+        (diff(&in_force, &replanned.plan, &value), slots)
     };
     let mut pending = lock(&s.pending);
-    if moves.is_empty() {
+    if moves.is_empty() && slots.is_none() {
         // The plan in force is already the plan for this budget.
         if pending.take().is_some() {
             tracing::info!("re-plan: the posted migration is no longer needed");
@@ -338,7 +360,7 @@ fn step(s: &Shared, now: Duration, sample: Option<CardSample>) {
     }
     let (freed, taken) = device_bytes(&moves);
     tracing::info!(
-        "the card's allowance {} {} (others use {} of {}, this process {}): re-planned for {}: {} weights to move, {} off the GPU, {} onto it; predicted {:.1} tok/s",
+        "the card's allowance {} {} (others use {} of {}, this process {}): re-planned for {}: {} weights to move, {} off the GPU, {} onto it{}; predicted {:.1} tok/s",
         fmt_bytes(allowance),
         what,
         fmt_bytes(sample.others),
@@ -348,11 +370,13 @@ fn step(s: &Shared, now: Duration, sample: Option<CardSample>) {
         moves.len(),
         fmt_bytes(freed),
         fmt_bytes(taken),
+        slots.map_or(String::new(), |n| format!(", {} stream slots", n.n)),
         replanned.plan.predicted.decode_tok_s
     );
     *pending = Some(Pending {
         replanned,
         moves,
+        slots,
         allowance,
         decided: Instant::now(),
     });

@@ -1,12 +1,17 @@
 //! Carrying out a re-plan's moves with the engine's live weight migration
 //! (patch 0023), in the thread that runs the model, between two decodes.
 
-use super::follower::{Migration, MigrationFailure};
+use super::follower::{Migration, MigrationFailure, Slots};
 use super::moves::{Move, Side};
 use crate::engine::{self, ContextRef, EngineError, Residence, WeightMove};
 
-/// Move the weights of `moves`, in order, in the context `ctx` borrows.
-pub fn migrate(ctx: ContextRef<'_>, moves: &[Move]) -> Result<Migration, MigrationFailure> {
+/// Change the streaming slots to `slots` (when given), then move the
+/// weights of `moves`, in order, in the context `ctx` borrows; the engine
+/// reserves the compute buffers and slots for the new placement once.
+pub fn migrate(mut ctx: ContextRef<'_>, moves: &[Move], slots: Option<Slots>) -> Result<Migration, MigrationFailure> {
+    if let Some(s) = slots {
+        ctx.set_stream_slots(s.n, s.routed_max);
+    }
     let moves: Vec<WeightMove> = moves
         .iter()
         .map(|m| WeightMove {

@@ -21,7 +21,7 @@ pub mod replan;
 pub mod source;
 pub mod stats;
 
-pub use follower::{Follower, Hooks, Migration, MigrationFailure, Pending};
+pub use follower::{Follower, Hooks, Migration, MigrationFailure, Pending, Slots};
 pub use migrate::migrate;
 pub use moves::{Move, Side};
 pub use replan::{ReplanBasis, Replanned};

@@ -1,15 +1,20 @@
 //! Planning again for a new budget while the model runs: the same cost
 //! model, profile and workload the launch plan was made with, and what the
 //! running context cannot change held fixed (its ubatch and therefore its
-//! tiers, the layers whose KV cache is on the GPU, the streaming slots, the
-//! compute reservation llama.cpp measured). Only where the weights live,
-//! and the per-tier decisions that follow from it, change.
+//! tiers, the layers whose KV cache is on the GPU, the compute reservation
+//! llama.cpp measured). Where the weights live, and the per-tier decisions
+//! that follow from it, change; the streaming slots shrink only when even
+//! the smallest placement with the launch's slots does not fit.
 
 use std::collections::HashMap;
 
 use crate::gguf::ModelInfo;
 use crate::plan::{self, make_plan, Plan, PlanError, PlanRequest};
 use crate::profile::MachineProfile;
+
+/// The fewest streaming slots a re-plan shrinks to when the launch's do not
+/// fit: two still let one weight's copy overlap the previous one's compute.
+pub const MIN_SLOTS: u32 = 2;
 
 /// What a re-plan needs, kept from the launch.
 #[derive(Debug, Clone)]
@@ -71,22 +76,48 @@ impl ReplanBasis {
         make_plan(&self.info, &self.profile, &r)
     }
 
-    /// The best plan for `budget`, or the smallest one when none fits.
+    /// The best plan for `budget` with the launch's streaming slots; when
+    /// none fits, with fewer slots (down to [`MIN_SLOTS`]: their device
+    /// memory is what shrinks beside the weights); when none fits even
+    /// then, the smallest plan.
     pub fn plan(&self, budget: u64) -> Result<Replanned, PlanError> {
-        let scale = self.request.compute_scale;
-        match self.plan_exact(budget, scale) {
-            Ok(plan) => Ok(Replanned {
-                plan,
-                budget,
-                fits: true,
-            }),
-            Err(PlanError::BudgetTooSmall { minimum, .. }) => Ok(Replanned {
-                plan: self.plan_exact(minimum, scale)?,
-                budget,
-                fits: false,
-            }),
-            Err(e) => Err(e),
+        let launch_slots = self.request.stream_slots;
+        let fewer = if launch_slots > MIN_SLOTS {
+            (MIN_SLOTS..launch_slots).rev().collect()
+        } else {
+            Vec::new()
+        };
+        let mut smallest: Option<(u64, u32)> = None;
+        for slots in std::iter::once(launch_slots).chain(fewer) {
+            match self.plan_with(budget, slots) {
+                Ok(plan) => {
+                    return Ok(Replanned {
+                        plan,
+                        budget,
+                        fits: true,
+                    })
+                }
+                Err(PlanError::BudgetTooSmall { minimum, .. }) => {
+                    if smallest.map_or(true, |(m, _)| minimum < m) {
+                        smallest = Some((minimum, slots));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         }
+        let (minimum, slots) = smallest.expect("at least the launch's slots were tried");
+        Ok(Replanned {
+            plan: self.plan_with(minimum, slots)?,
+            budget,
+            fits: false,
+        })
+    }
+
+    fn plan_with(&self, budget: u64, slots: u32) -> Result<Plan, PlanError> {
+        let mut r = self.request.clone();
+        r.budget = budget;
+        r.stream_slots = slots;
+        make_plan(&self.info, &self.profile, &r)
     }
 
     /// Seconds saved per VRAM byte by each weight made resident, under the
