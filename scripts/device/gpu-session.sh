@@ -1413,6 +1413,127 @@ s10r2c() {
     bash $sb r2_4 r2-4-up-gpu -ngl 99 || true
 }
 
+# s10live (after zunstash, dist/ carried): live re-planning (issue 18). A
+# torch filler leaves LIVE_FREE GiB of the card free (default 8);
+# pipeshard-server serves R2 with --vram-budget auto (headroom LIVE_HEADROOM,
+# default 1GiB: what another program can take at once before pipeshard
+# has moved anything; beyond it, the filler gets memory as pipeshard
+# releases it) while 4 clients stream the reference request one after
+# another; the filler then holds LIVE_STEPS GiB more in turn (default
+# "2 8": 2 GiB, then 6 GiB more), then frees them, each for LIVE_PHASE
+# seconds (default 20). Records the loop's samples (process memory against
+# the allowance, every 50 ms), every request (failures, decode speed), the
+# migrations the log reports and /metrics; client 0's every other request is
+# a fixed greedy probe, whose outputs the summary counts (one distinct
+# output across migrations with LIVE_EXACT=1, which serves with --exact).
+# LIVE_FRESH=1 (default) then starts the server afresh at each phase's
+# budget for the speed reference.
+s10live() {
+    LIVE_PY=${LIVE_PY:-scripts/device/live_replan.py}
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/ 2>/dev/null || true
+    ZUPSTREAM=0 zprep
+    local port=18090 phase=${LIVE_PHASE:-20} ctl=$W/filler.want stop=$W/clients.stop
+    rm -f "$RES"/live.* "$stop"
+    echo 0 > "$ctl"
+    python3 "$LIVE_PY" filler "$ctl" "${LIVE_FREE:-8}" > "$RES/live.filler" 2>&1 &
+    local filler=$!
+    for _ in $(seq 120); do grep -q base_gib "$RES/live.filler" && break; sleep 0.5; done
+    cat "$RES/live.filler"
+    PIPESHARD_REPLAN_RECORD=$RES/live.trace dist/pipeshard-server --host 127.0.0.1 --port $port --metrics \
+        -t 16 -fa on -ctk f16 -ctv f16 --profile "$RES/profile.yaml" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified \
+        --vram-budget auto --vram-headroom "${LIVE_HEADROOM:-1GiB}" ${LIVE_EXACT:+--exact} > "$RES/live.log" 2>&1 &
+    local spid=$!
+    ( while kill -0 $spid 2>/dev/null; do
+          echo "$(date +%s.%N) $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | tr '\n' ' ')"
+          sleep 0.1
+      done > "$RES/live.smi" ) &
+    local ok=
+    for _ in $(seq 600); do
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null && { ok=1; break; }
+        kill -0 $spid 2>/dev/null || break
+        sleep 0.5
+    done
+    [[ -n $ok ]] || { tail -30 "$RES/live.log"; echo -1 > "$ctl"; kill $filler 2>/dev/null || true; return 1; }
+    grep -E "pipeshard plan for|follows the card" "$RES/live.log" || true
+    python3 "$LIVE_PY" clients $port 4 "$stop" "$RES/live.requests" &
+    local cl=$!
+    local step
+    echo "{\"name\": \"start\", \"extra_gib\": 0, \"t\": $(date +%s.%N)}" > "$RES/live.phases"
+    sleep "$phase"
+    for step in ${LIVE_STEPS:-2 8} 0; do
+        echo "$step" > "$ctl"
+        echo "{\"name\": \"filler+$step\", \"extra_gib\": $step, \"t\": $(date +%s.%N)}" >> "$RES/live.phases"
+        sleep "$phase"
+    done
+    touch "$stop"
+    wait $cl || true
+    curl -s "http://127.0.0.1:$port/metrics" | grep -E '^pipeshard_' > "$RES/live.metrics" || true
+    cat "$RES/live.metrics"
+    kill $spid 2>/dev/null || true; wait $spid 2>/dev/null || true
+    echo -1 > "$ctl"; wait $filler 2>/dev/null || true
+    cat "$RES/live.filler"
+    grep -E "re-plan|allowance|smallest plan" "$RES/live.log" > "$RES/live.moves" || true
+    head -40 "$RES/live.moves"
+    python3 "$LIVE_PY" summary "$RES" > "$RES/live.summary.json" || true
+    cat "$RES/live.summary.json"
+    [[ ${LIVE_FRESH:-1} == 1 ]] || return 0
+    # A fresh start at each budget the live plan had, for the speed reference.
+    local b
+    # (budgets within 0.5 GiB of one measured already are not measured again)
+    for b in $(python3 -c 'import json,sys
+seen = []
+for p in json.load(open(sys.argv[1]))["phases"]:
+    b = p["budget_gib"]
+    if b and all(abs(b - x) > 0.5 for x in seen):
+        seen.append(b)
+        print(int(b * 2**30))' "$RES/live.summary.json"); do
+        rm -f "$stop"
+        dist/pipeshard-server --host 127.0.0.1 --port $port --metrics -t 16 -fa on -ctk f16 -ctv f16 \
+            --profile "$RES/profile.yaml" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified --vram-budget "$b" \
+            > "$RES/live-fresh-$b.log" 2>&1 &
+        spid=$!
+        ok=
+        for _ in $(seq 600); do
+            curl -sf "http://127.0.0.1:$port/health" >/dev/null && { ok=1; break; }
+            kill -0 $spid 2>/dev/null || break
+            sleep 0.5
+        done
+        if [[ -n $ok ]]; then
+            python3 "$LIVE_PY" clients $port 4 "$stop" "$RES/live-fresh-$b.requests" &
+            cl=$!
+            sleep "${LIVE_FRESH_S:-12}"; touch "$stop"; wait $cl || true
+            python3 -c 'import json,sys
+r=[json.loads(l) for l in open(sys.argv[1])]; s=[x["predicted_per_second"] for x in r[4:] if x["ok"]] or [x["predicted_per_second"] for x in r if x["ok"]]
+print("fresh at %s bytes: %d requests, decode %.1f tok/s each (mean)" % (sys.argv[2], len(r), sum(s)/max(len(s),1)))' "$RES/live-fresh-$b.requests" "$b" | tee -a "$RES/live.fresh"
+        else
+            tail -5 "$RES/live-fresh-$b.log"
+        fi
+        kill $spid 2>/dev/null || true; wait $spid 2>/dev/null || true
+    done
+}
+
+# Issue 18, engine half (patch 0023), after zunstash with dist/ carried
+# (pipeshard, examples/migrate_gpu and the libraries): R1 under an exact-mode
+# plan with movable weights; ~1 GiB of device weights demoted to pinned host
+# memory mid-decode and promoted back, tokens against the unmoved run, NVML
+# process memory around each move, and each move's time. At 8 GiB the plan
+# keeps everything on the GPU (the demoted weights then stream through slots
+# the demotion adds); at 4 GiB it already streams some.
+zmigrate() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    [[ -f dist/lib/libggml-cuda.so.stack ]] || bash scripts/device/cuda-stack.sh dist
+    [[ -f $W/r1.gguf ]] || $P synth --arch llama3.1-8b --quant q4_0 -o "$W/r1.gguf" > /dev/null
+    cp profiles/intel-r-xeon-r-processor__nvidia-h200__t16.yaml "$RES/profile.yaml"
+    local b
+    for b in 8GiB 4GiB; do
+        dist/migrate_gpu "$W/r1.gguf" "$b" "$RES/profile.yaml" 1024 48 > "$RES/migrate-r1-$b.jsonl" 2> "$RES/migrate-r1-$b.log" \
+            || echo "migrate_gpu $b failed: rc $?"
+        cat "$RES/migrate-r1-$b.jsonl"
+        grep -iE "error|abort|moved weights" "$RES/migrate-r1-$b.log" | tail -5 || true
+    done
+}
+
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
 
 "$@"

@@ -10,11 +10,12 @@ use pipeshard::engine::{
     self, ChatMessage, Context, ContextParams, FlashAttention, Model, ModelParams, SamplingParams,
 };
 use pipeshard::generate::{
-    generate, generate_from, generate_speculative, EvaluatedPrompt, GenerateOutput, GenerateRequest, SpeculationStats,
+    generate, generate_between, generate_from, generate_speculative, EvaluatedPrompt, GenerateOutput, GenerateRequest,
+    SpeculationStats,
 };
 use pipeshard::{default_model, progress};
 
-use pipeshard::launch::{self, PipeshardOptions};
+use pipeshard::launch::{self, live, PipeshardOptions};
 use pipeshard::plan::Workload;
 
 use super::plan::{parse_kv_type, plan_with_bar, DraftArgs};
@@ -237,6 +238,27 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         );
         l.install(&mut model_params, &mut ctx_params)?;
     }
+    // --vram-budget auto: the plan follows the card between the decodes of
+    // a plain generation (not with a draft model or an image).
+    let follower = match launched.as_ref().and_then(|l| l.replan.clone().map(|b| (l, b))) {
+        Some((l, basis)) if args.draft.draft_model.is_none() && args.image.is_none() => {
+            let switch = pipeshard::plan::PolicySwitch::new(&l.plan);
+            switch.install(&mut ctx_params);
+            model_params.movable_weights = true;
+            let hooks = live::Hooks {
+                wake: Box::new(|| {}),
+                switched: Box::new(move |p, _| switch.switch(p)),
+            };
+            Some(live::Follower::new(
+                basis,
+                l.plan.clone(),
+                l.budget,
+                args.budget.vram_headroom,
+                hooks,
+            ))
+        }
+        _ => None,
+    };
     let plan = launched.as_ref().map(|l| &l.plan);
     if args.draft.draft_model.is_some() && ctx_params.n_outputs_max != 0 {
         // Each verification batch samples every position it holds.
@@ -303,6 +325,15 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         None => None,
     };
     let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
+    if let Some(f) = &follower {
+        if let Some(path) = std::env::var_os(live::RECORD_ENV).filter(|p| !p.is_empty()) {
+            f.record_to(Path::new(&path))
+                .with_context(|| format!("recording the card's samples to {}", path.to_string_lossy()))?;
+        }
+        f.spawn(live::source::from_env()?)
+            .context("starting the sampling thread")?;
+        eprintln!("plan: --vram-budget auto follows the card's free memory between decodes");
+    }
 
     let vision = match &args.mmproj {
         Some(mm) => Some(
@@ -368,7 +399,12 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
                     speculation = Some(s);
                     out
                 }
-                None => generate(&mut ctx, &req, &mut on_text)?,
+                None => match &follower {
+                    Some(f) => generate_between(&mut ctx, &req, &mut on_text, &mut |ctx| {
+                        f.apply_pending(|moves, slots| live::migrate(ctx.context_ref(), moves, slots));
+                    })?,
+                    None => generate(&mut ctx, &req, &mut on_text)?,
+                },
             }
         }
     };
@@ -384,6 +420,15 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
             "peak_device_bytes": peak_device, "speculation": speculation,
             "predicted": plan.map(|p| p.predicted),
             "loaded_memory": loaded,
+            "live": follower.as_ref().map(|f| {
+                let l = f.stats();
+                serde_json::json!({
+                    "allowance_bytes": l.allowance, "budget_bytes": l.budget, "replans": l.replans,
+                    "failures": l.failures, "unfit": l.unfit, "last_migration_s": l.last_migration_s,
+                    "total_migration_s": l.total_migration_s, "bytes_to_host": l.bytes_to_host,
+                    "bytes_to_device": l.bytes_to_device,
+                })
+            }),
         });
         eprintln!("{}", serde_json::to_string(&v)?);
     } else if !args.quiet {

@@ -406,6 +406,14 @@ impl<'m> Context<'m> {
         unsafe { ffi::llama_release_compute(self.ptr.as_ptr()) };
     }
 
+    /// Decodes since the context was made that ran the previous ubatch's
+    /// graph again instead of building one (llama.cpp's graph reuse).
+    pub fn graphs_reused(&self) -> u32 {
+        // SAFETY: a plain query on a valid context.
+        let data = unsafe { ffi::llama_perf_context(self.ptr.as_ptr()) };
+        data.n_reused.max(0) as u32
+    }
+
     /// Forget all sequences.
     pub fn clear(&mut self) {
         // SAFETY: valid context.

@@ -45,8 +45,35 @@ pub enum EngineError {
     Image { what: String, reason: String },
     #[error("evaluating the multimodal prompt failed: {0}")]
     VisionEval(String),
+    #[error("the model has no weight named {name:?}")]
+    UnknownWeight { name: String },
+    #[error("cannot move the weight {name}: {reason}{}", moved_before(*done))]
+    WeightMove { name: String, done: usize, reason: String },
+    #[error(
+        "allocating {bytes} bytes of {buffer_type} for the weight {name} failed, so none of the weights bound \
+         there moved{}", moved_before(*done)
+    )]
+    WeightAlloc {
+        name: String,
+        buffer_type: String,
+        bytes: u64,
+        done: usize,
+    },
+    #[error(
+        "{moved} weights moved, but the compute buffers for their new placement cannot be allocated; \
+         move more weights off the device (or use fewer streaming slots) before the next decode"
+    )]
+    ComputeReserve { moved: usize },
     #[error("{0}")]
     InvalidArgument(String),
+}
+
+fn moved_before(done: usize) -> String {
+    if done == 0 {
+        String::new()
+    } else {
+        format!(" ({done} weights moved to the host before it stay there)")
+    }
 }
 
 fn decode_reason(code: i32) -> &'static str {

@@ -19,6 +19,7 @@ pub mod ffi;
 mod fit;
 mod memory;
 mod memory_sampler;
+mod migrate;
 mod model;
 pub mod nvml;
 pub mod opbench;
@@ -39,6 +40,9 @@ pub use memory::{
     buffer_types, device_buffer_types, dry_run_device_bytes, weight_bytes_streamed, BufferType, MemoryBreakdown,
 };
 pub use memory_sampler::{current_rss, process_device_bytes, MemoryPeaks, MemorySampler, MemorySource};
+pub use migrate::{
+    migrate_weights, migrate_weights_to, residence_buffer_types, ContextRef, MigrationReport, Residence, WeightMove,
+};
 pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
 pub use placement::{
     stream_schedule, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery, OpKind, RowSplitPolicy, StreamStep,
@@ -46,8 +50,9 @@ pub use placement::{
 };
 pub use sampler::{Sampler, SamplingParams};
 pub use server::{
-    run_llama_server, set_load_hook, set_media_release_compute, set_projector_hook, set_server_reports, LoadDecision,
-    LoadHook, LoadRequest, LoadRole, ProjectorHook, ProjectorParams, ReportText,
+    run_llama_server, set_load_hook, set_loop_hook, set_media_release_compute, set_projector_hook, set_server_reports,
+    wake_server_loop, LoadDecision, LoadHook, LoadRequest, LoadRole, LoopHook, ProjectorHook, ProjectorParams,
+    ReportText,
 };
 pub use vision::{
     encoder_peak, media_marker, Bitmap, EncodeGate, EncoderPeak, PeakImage, VisionEval, VisionOptions, VisionProjector,

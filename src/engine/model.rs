@@ -35,6 +35,11 @@ pub struct ModelParams<'a> {
     /// turns it off). Weights in the GPU's pinned host buffers are never
     /// repacked.
     pub repack: bool,
+    /// Allocate each weight that is not memory-mapped in a buffer of its own
+    /// (patch 0023), so that [`super::migrate_weights`] can free the memory
+    /// of any weight it moves away. Without it, llama.cpp keeps one buffer
+    /// per buffer type, freed only when every weight in it has moved.
+    pub movable_weights: bool,
 }
 
 impl Default for ModelParams<'_> {
@@ -48,6 +53,7 @@ impl Default for ModelParams<'_> {
             placement: None,
             no_alloc: false,
             repack: true,
+            movable_weights: false,
         }
     }
 }
@@ -133,6 +139,7 @@ impl Model {
         mp.vocab_only = params.vocab_only;
         mp.no_alloc = params.no_alloc;
         mp.use_extra_bufts = params.repack;
+        mp.movable_weights = params.movable_weights;
         let placement = params.placement.take();
         if let Some(pl) = &placement {
             mp.tensor_buft_cb = Some(tensor_buft_trampoline);

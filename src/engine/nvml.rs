@@ -104,29 +104,46 @@ fn nvml() -> Option<&'static Nvml> {
 impl Nvml {
     /// This PID's device memory summed over the cards, if NVML lists it.
     fn own_process_bytes(&self) -> Option<u64> {
+        self.process_split().0
+    }
+
+    /// Every process's device memory NVML lists, summed over the cards:
+    /// (this PID's, if listed; every other PID's).
+    fn process_split(&self) -> (Option<u64>, u64) {
         let pid = std::process::id();
-        let mut found = None;
+        let (mut own, mut others) = (None, 0u64);
         for &dev in &self.devices {
-            let mut buf = vec![ProcessInfo::default(); 64];
-            let mut n = buf.len() as c_uint;
-            // SAFETY: buf holds n entries; NVML writes at most n and sets n.
-            let mut rc = unsafe { (self.processes)(dev, &mut n, buf.as_mut_ptr()) };
-            if rc == NVML_ERROR_INSUFFICIENT_SIZE {
-                buf = vec![ProcessInfo::default(); n as usize + 16];
-                n = buf.len() as c_uint;
-                // SAFETY: as above, with the larger buffer.
-                rc = unsafe { (self.processes)(dev, &mut n, buf.as_mut_ptr()) };
-            }
-            if rc != NVML_SUCCESS {
-                continue;
-            }
-            for p in &buf[..(n as usize).min(buf.len())] {
-                if p.pid == pid && p.used_gpu_memory != NVML_VALUE_NOT_AVAILABLE {
-                    *found.get_or_insert(0) += p.used_gpu_memory;
+            for p in self.list(dev) {
+                if p.used_gpu_memory == NVML_VALUE_NOT_AVAILABLE {
+                    continue;
+                }
+                if p.pid == pid {
+                    *own.get_or_insert(0) += p.used_gpu_memory;
+                } else {
+                    others += p.used_gpu_memory;
                 }
             }
         }
-        found
+        (own, others)
+    }
+
+    /// The compute processes NVML lists on `dev` (none if the query fails).
+    fn list(&self, dev: NvmlDevice) -> Vec<ProcessInfo> {
+        let mut buf = vec![ProcessInfo::default(); 64];
+        let mut n = buf.len() as c_uint;
+        // SAFETY: buf holds n entries; NVML writes at most n and sets n.
+        let mut rc = unsafe { (self.processes)(dev, &mut n, buf.as_mut_ptr()) };
+        if rc == NVML_ERROR_INSUFFICIENT_SIZE {
+            buf = vec![ProcessInfo::default(); n as usize + 16];
+            n = buf.len() as c_uint;
+            // SAFETY: as above, with the larger buffer.
+            rc = unsafe { (self.processes)(dev, &mut n, buf.as_mut_ptr()) };
+        }
+        if rc != NVML_SUCCESS {
+            return Vec::new();
+        }
+        buf.truncate((n as usize).min(buf.len()));
+        buf
     }
 
     /// (total, free, used) summed over the cards.
@@ -184,4 +201,35 @@ pub fn available() -> bool {
 /// counted); None without NVML.
 pub fn cards_memory() -> Option<(u64, u64)> {
     nvml()?.cards().map(|(total, free, _)| (total, free))
+}
+
+/// The cards' memory split by owner, summed over the cards, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CardUsage {
+    /// The cards' memory.
+    pub total: u64,
+    /// Everything in use that is not this process's: every other process's
+    /// memory, and what the driver holds for no process.
+    pub others: u64,
+    /// This process's memory (as [`process_bytes`] reads it).
+    pub own: u64,
+}
+
+/// The cards' memory: total, every other process's use and this process's;
+/// None without NVML. "Others" is the larger of the other processes NVML
+/// lists and the cards' use less this process's, so memory the driver
+/// holds for no process counts as taken.
+pub fn card_usage() -> Option<CardUsage> {
+    let n = nvml()?;
+    let (total, _, used) = n.cards()?;
+    let (listed_own, listed_others) = n.process_split();
+    let own = match listed_own {
+        Some(b) => b,
+        None => process_bytes().map_or(0, |(b, _)| b),
+    };
+    Some(CardUsage {
+        total,
+        others: listed_others.max(used.saturating_sub(own)),
+        own,
+    })
 }

@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 
 use super::context::ContextParams;
 use super::ffi;
+use super::migrate::ContextRef;
 use super::model::ModelParams;
 use super::placement::tensor_buft_trampoline;
 
@@ -44,7 +45,7 @@ pub enum LoadDecision {
 
 /// Called with each model load's parameters as upstream resolved them.
 ///
-/// Of the model parameters, `n_gpu_layers`, `use_mmap` and `placement` are
+/// Of the model parameters, `n_gpu_layers`, `use_mmap`, `movable_weights` and `placement` are
 /// installed (upstream's own `-ot` overrides stay as given; `placement` is
 /// asked first). Every context parameter is installed, with its callbacks.
 /// An error fails the load, and upstream exits with its own message after
@@ -89,6 +90,7 @@ impl ModelParams<'static> {
             vocab_only: mp.vocab_only,
             no_alloc: mp.no_alloc,
             repack: mp.use_extra_bufts,
+            movable_weights: mp.movable_weights,
             ..Default::default()
         }
     }
@@ -97,6 +99,7 @@ impl ModelParams<'static> {
     /// a model may be loaded again (the server's sleep and resume) at any time.
     fn write_c_placed(self, mp: &mut ffi::llama_model_params) {
         mp.n_gpu_layers = self.n_gpu_layers;
+        mp.movable_weights = self.movable_weights;
         if !self.use_mmap && matches!(mp.load_mode, ffi::LLAMA_LOAD_MODE_MMAP | ffi::LLAMA_LOAD_MODE_AUTO) {
             mp.load_mode = ffi::LLAMA_LOAD_MODE_NONE;
         }
@@ -295,4 +298,45 @@ pub fn set_server_reports(key: &str, props: ReportText, metrics: ReportText) -> 
         ffi::llama_server_set_metrics_cb(Some(metrics_trampoline), std::ptr::null_mut());
     }
     true
+}
+
+/// Called by the server's loop between two batches (patch 0024) with its
+/// main context, borrowed for the call: no graph of it runs meanwhile.
+pub type LoopHook = Box<dyn Fn(ContextRef<'_>) + Send + Sync>;
+
+static LOOP_HOOK: OnceLock<LoopHook> = OnceLock::new();
+
+unsafe extern "C" fn loop_trampoline(ctx: *mut ffi::llama_context, _: *mut c_void) {
+    let Some(hook) = LOOP_HOOK.get() else {
+        return;
+    };
+    // SAFETY: the server passes its live main context on its loop's thread,
+    // between two batches, and uses it for nothing else during the call.
+    let Some(cr) = (unsafe { ContextRef::from_raw(ctx) }) else {
+        return;
+    };
+    // A panic must not unwind into C++.
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(cr))).is_err() {
+        tracing::error!("the server loop hook panicked");
+    }
+}
+
+/// Install `hook`, called by the server's loop between two batches with
+/// its main context (patch 0024). Only the first call installs anything.
+pub fn set_loop_hook(hook: LoopHook) -> bool {
+    if LOOP_HOOK.set(hook).is_err() {
+        return false;
+    }
+    // SAFETY: the trampoline only reads LOOP_HOOK, which lives for the rest
+    // of the process; the server calls it on its loop's thread with a live
+    // context.
+    unsafe { ffi::llama_server_set_loop_cb(Some(loop_trampoline), std::ptr::null_mut()) };
+    true
+}
+
+/// Wake the server's loop so that the loop hook runs soon, even with no
+/// request in flight (thread-safe; nothing while the loop is not running).
+pub fn wake_server_loop() {
+    // SAFETY: takes no arguments; the server locks its own state.
+    unsafe { ffi::llama_server_wake_loop() };
 }

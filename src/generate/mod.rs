@@ -133,10 +133,22 @@ pub fn generate(
     req: &GenerateRequest,
     on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerateOutput, EngineError> {
+    generate_between(ctx, req, on_text, &mut |_| {})
+}
+
+/// [`generate`], calling `between` with the context before each decode
+/// after the prompt's: where no graph runs, so that a live re-plan can
+/// move weights there.
+pub fn generate_between(
+    ctx: &mut Context<'_>,
+    req: &GenerateRequest,
+    on_text: impl FnMut(&str) -> bool,
+    between: &mut dyn FnMut(&mut Context<'_>),
+) -> Result<GenerateOutput, EngineError> {
     let n_ctx = ctx.n_ctx() as usize;
     let (sampler, prompt) = evaluate_prompt(ctx, req, n_ctx)?;
     let out = Emitter::new(ctx.model(), req.n_predict, req.ignore_eos, &req.stop, on_text);
-    continue_generation(ctx, sampler, prompt, out)
+    continue_generation(ctx, sampler, prompt, out, between)
 }
 
 /// Check that `req`'s prompt is not empty and leaves room in `n_ctx`
@@ -183,7 +195,7 @@ pub fn generate_from(
 ) -> Result<GenerateOutput, EngineError> {
     let sampler = Sampler::new(ctx.model(), sampling)?;
     let out = Emitter::new(ctx.model(), n_predict, false, stop, on_text);
-    continue_generation(ctx, sampler, prompt, out)
+    continue_generation(ctx, sampler, prompt, out, &mut |_| {})
 }
 
 /// Collects generated tokens into text: streams each new piece to the
@@ -283,6 +295,7 @@ fn continue_generation<F: FnMut(&str) -> bool>(
     mut sampler: Sampler,
     prompt: EvaluatedPrompt,
     mut out: Emitter<'_, F>,
+    between: &mut dyn FnMut(&mut Context<'_>),
 ) -> Result<GenerateOutput, EngineError> {
     let n_ctx = ctx.n_ctx() as usize;
     let mut pos = prompt.n_past;
@@ -296,6 +309,7 @@ fn continue_generation<F: FnMut(&str) -> bool>(
         if pos as usize + 1 >= n_ctx {
             break StopReason::ContextFull;
         }
+        between(ctx);
         ctx.decode_tokens(&[sampled], pos, true)?;
         pos += 1;
         sampled = sampler.sample(ctx, -1);

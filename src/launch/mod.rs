@@ -13,13 +13,14 @@
 
 mod check;
 mod draft;
+pub mod live;
 mod options;
 mod overhead;
 mod vision;
 
 pub use check::{dry_run_bytes, llama_device_bytes, make_measured_plan, verify, warm_up, LoadedMemory};
 pub use draft::{draft_cost, plan_with_draft, DraftCost, DraftSource, DRAFT_UBATCH};
-pub use options::{BudgetSpec, PipeshardOptions};
+pub use options::{default_headroom, BudgetSpec, PipeshardOptions};
 pub use overhead::{OverheadSource, ProcessOverhead, ASSUMED_CONTEXT_BYTES, RUNTIME_BYTES, RUNTIME_BYTES_PER_TOKEN};
 pub use vision::{vision_memory, vision_options, vision_setup, VisionMemory};
 
@@ -127,6 +128,9 @@ pub struct Launch {
     pub budget: u64,
     /// The process's memory outside llama.cpp's buffers that the plan budgets.
     pub overhead: ProcessOverhead,
+    /// What re-planning it for another budget needs, with `--vram-budget
+    /// auto` (the budget then follows the card while the model runs).
+    pub replan: Option<live::ReplanBasis>,
 }
 
 impl Launch {
@@ -242,10 +246,10 @@ pub fn plan_for(
     progress: impl FnMut(u64, u64),
 ) -> Result<Option<Launch>, LaunchError> {
     let profile_path = req.options.profile.as_deref();
-    let (plan, overhead) = if let Some(path) = &req.options.plan {
+    let (plan, overhead, replan) = if let Some(path) = &req.options.plan {
         let plan = load_plan(path)?;
         let overhead = ProcessOverhead::for_machine(None, cp.n_ctx as u64);
-        (plan, overhead)
+        (plan, overhead, None)
     } else if let Some(budget) = req.budget {
         if profile_path.is_none() && !engine::has_gpu() {
             tracing::warn!(
@@ -275,9 +279,13 @@ pub fn plan_for(
             // Each side context holds compute buffers and streaming slots
             // like the main one's, beside them.
             pr.reserve += plan.vram.language_peak() * req.side_contexts.len() as u64;
-            plan = plan_with_draft(checked, &info, &profile, pr, req.draft.as_ref())?;
+            plan = plan_with_draft(checked, &info, &profile, pr.clone(), req.draft.as_ref())?;
         }
-        (plan, overhead)
+        let replan = req
+            .options
+            .follows_card()
+            .then(|| live::ReplanBasis::new(info, profile, pr, &plan));
+        (plan, overhead, replan)
     } else {
         return Ok(None);
     };
@@ -285,5 +293,6 @@ pub fn plan_for(
         budget: plan.vram.budget,
         plan,
         overhead,
+        replan,
     }))
 }

@@ -17,6 +17,12 @@ pub struct PipeshardOptions {
     /// a margin. `bench` takes a comma-separated list.
     #[arg(long = "vram-budget", env = "PIPESHARD_VRAM_BUDGET", value_parser = check_budgets)]
     pub vram_budget: Option<String>,
+    /// With `--vram-budget auto`: device memory left free for other
+    /// programs, e.g. 1GiB. `serve` and `run` follow the card while they
+    /// run: the budget is the card's memory less every other process's use
+    /// and this headroom. Default: 5% of the card, at least 512 MiB.
+    #[arg(long = "vram-headroom", env = "PIPESHARD_VRAM_HEADROOM", value_parser = parse_size)]
+    pub vram_headroom: Option<u64>,
     /// Machine profile (YAML); default: the one in profiles/ matching this machine, measured on first use.
     #[arg(long = "profile", env = "PIPESHARD_PROFILE")]
     pub profile: Option<PathBuf>,
@@ -59,6 +65,7 @@ impl Default for PipeshardOptions {
     fn default() -> Self {
         PipeshardOptions {
             vram_budget: None,
+            vram_headroom: None,
             profile: None,
             plan: None,
             stream_slots: plan::DEFAULT_STREAM_SLOTS,
@@ -76,6 +83,17 @@ fn parse_share(s: &str) -> Result<f64, String> {
         Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
         _ => Err(format!("{s:?} is not a share between 0 and 1")),
     }
+}
+
+/// A size such as 1GiB or 512MiB.
+fn parse_size(s: &str) -> Result<u64, String> {
+    plan::parse_bytes(s).map_err(|e| e.to_string())
+}
+
+/// The memory `--vram-budget auto` leaves free on a card of `total` bytes
+/// without `--vram-headroom`: 5% of it, at least 512 MiB.
+pub fn default_headroom(total: u64) -> u64 {
+    (total / 20).max(512 << 20)
 }
 
 /// `--vram-budget` as given, once every budget in it parses.
@@ -107,18 +125,23 @@ impl BudgetSpec {
         }
     }
 
-    /// The budget in bytes, for the process's device memory.
-    pub fn resolve(self) -> Result<u64, LaunchError> {
+    /// The budget in bytes, for the process's device memory; `auto`
+    /// leaves `headroom` free (None: [`default_headroom`]).
+    pub fn resolve(self, headroom: Option<u64>) -> Result<u64, LaunchError> {
         match self {
             BudgetSpec::Bytes(b) => Ok(b),
             BudgetSpec::Auto => {
                 let gpu = engine::first_device(engine::DeviceKind::Gpu).ok_or(LaunchError::AutoNeedsGpu)?;
                 // NVML sees every process's use; ggml's free figure is the
                 // same card's as the driver reports it.
-                let (total, free) = engine::nvml::cards_memory().unwrap_or((gpu.total_bytes, gpu.free_bytes));
+                if let Some(u) = engine::nvml::card_usage() {
+                    let headroom = headroom.unwrap_or_else(|| default_headroom(u.total));
+                    return Ok(u.total.saturating_sub(u.others).saturating_sub(headroom));
+                }
+                let (total, free) = (gpu.total_bytes, gpu.free_bytes);
                 let own = engine::process_device_bytes().map_or(0, |(b, _)| b);
-                let margin = (total / 20).max(512 << 20);
-                Ok((free + own).saturating_sub(margin))
+                let headroom = headroom.unwrap_or_else(|| default_headroom(total));
+                Ok((free + own).saturating_sub(headroom))
             }
         }
     }
@@ -145,6 +168,12 @@ impl PipeshardOptions {
         Ok(())
     }
 
+    /// Whether the budget is `auto`: `serve` and `run` follow the card's
+    /// free memory while they run.
+    pub fn follows_card(&self) -> bool {
+        matches!(self.budgets().as_deref(), Ok([BudgetSpec::Auto]))
+    }
+
     /// Every budget given (`bench` takes several, comma-separated).
     pub fn budgets(&self) -> Result<Vec<BudgetSpec>, LaunchError> {
         match &self.vram_budget {
@@ -157,7 +186,7 @@ impl PipeshardOptions {
     pub fn budget_bytes(&self) -> Result<Option<u64>, LaunchError> {
         match self.budgets()?.as_slice() {
             [] => Ok(None),
-            [one] => Ok(Some(one.resolve()?)),
+            [one] => Ok(Some(one.resolve(self.vram_headroom)?)),
             _ => Err(LaunchError::Options(
                 "--vram-budget takes one size here (only bench takes a list)".into(),
             )),

@@ -81,6 +81,42 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
         .collect();
     let placement: TensorPlacement = Arc::new(move |name: &str| homes.get(name).copied().flatten());
 
+    let Policies {
+        offload,
+        moe_split,
+        row_split,
+    } = policies(plan);
+    Ok(Applied {
+        placement,
+        offload,
+        // With every layer's KV on the GPU, offload the output layer too
+        // (llama.cpp counts it as one more layer), so output_norm is there.
+        n_gpu_layers: if plan.kv_gpu_layers >= plan.n_layer {
+            plan.n_layer as i32 + 1
+        } else {
+            plan.kv_gpu_layers as i32
+        },
+        use_mmap: !plan.pinned,
+        n_ubatch: plan.ubatch,
+        stream_slots: plan.stream_slots,
+        stream_routed_max: plan.stream_routed_max,
+        moe_split,
+        row_split,
+        outputs_per_seq: plan.workload.speculation.map_or(1, |s| s.verify_tokens()),
+    })
+}
+
+/// The per-op decisions of a plan that the running context asks for each
+/// ubatch: they need no GPU, and a live re-plan swaps them
+/// ([`super::switch::PolicySwitch`]).
+pub struct Policies {
+    pub offload: OffloadPolicy,
+    pub moe_split: Option<MoeSplitPolicy>,
+    pub row_split: Option<RowSplitPolicy>,
+}
+
+/// The offload, hybrid-expert and row-split callbacks of `plan`.
+pub fn policies(plan: &Plan) -> Policies {
     let tier_of = tier_of(plan);
     // (tier, layer) pairs whose routed experts split between GPU and CPU.
     let hybrid: HashSet<(u32, u32)> = plan
@@ -105,7 +141,6 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
             }
         }) as MoeSplitPolicy
     });
-    let row_split = row_split_policy(plan);
     let execs: HashMap<String, Vec<(u32, Exec)>> = plan
         .tensors
         .iter()
@@ -125,24 +160,11 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
             _ => Offload::Default,
         }
     });
-    Ok(Applied {
-        placement,
+    Policies {
         offload,
-        // With every layer's KV on the GPU, offload the output layer too
-        // (llama.cpp counts it as one more layer), so output_norm is there.
-        n_gpu_layers: if plan.kv_gpu_layers >= plan.n_layer {
-            plan.n_layer as i32 + 1
-        } else {
-            plan.kv_gpu_layers as i32
-        },
-        use_mmap: !plan.pinned,
-        n_ubatch: plan.ubatch,
-        stream_slots: plan.stream_slots,
-        stream_routed_max: plan.stream_routed_max,
         moe_split,
-        row_split,
-        outputs_per_seq: plan.workload.speculation.map_or(1, |s| s.verify_tokens()),
-    })
+        row_split: row_split_policy(plan),
+    }
 }
 
 /// The tier of `plan` a ubatch of `n` tokens runs with, for the callbacks

@@ -14,11 +14,13 @@ pub mod cost;
 mod evaluate;
 mod optimizer;
 mod report;
+mod switch;
 
 pub use cost::{CostModel, Exec, Overheads, Streaming};
 pub use evaluate::{predict, Evaluator};
-pub use optimizer::make_plan;
+pub use optimizer::{make_plan, value_per_byte};
 pub use report::{render, Format};
+pub use switch::PolicySwitch;
 
 use serde::{Deserialize, Serialize};
 
@@ -149,6 +151,10 @@ pub struct PlanRequest {
     /// does too (over host KV layers after a copy of their cells): the plan
     /// computes exactly what the full-GPU placement does.
     pub exact: bool,
+    /// A fixed number of layers (from the last) whose KV cache is on the
+    /// GPU instead of the planner's choice: a live re-plan keeps the KV
+    /// cache where the running context holds it.
+    pub kv_gpu_layers: Option<u32>,
 }
 
 /// Two slots let one split's copy overlap the previous split's compute; a
@@ -182,6 +188,7 @@ impl PlanRequest {
             hybrid_gpu_experts: None,
             dense_split: None,
             exact: false,
+            kv_gpu_layers: None,
         }
     }
 }

@@ -40,6 +40,42 @@ fn stream_overhead(slots: u64, n: u32) -> u64 {
     slots / n.max(1) as u64 * STREAM_OVERHEAD_SLOTS
 }
 
+/// The cost model `req` prices plans with.
+fn cost_model<'a>(model: &'a ModelInfo, profile: &'a MachineProfile, req: &PlanRequest) -> CostModel<'a> {
+    let mut cm = CostModel::new(
+        model,
+        profile,
+        req.streaming(),
+        req.pinned,
+        req.overheads,
+        req.hybrid_gpu_experts,
+    );
+    cm.gpu_only = req.exact;
+    cm.dense_split = req.dense_split;
+    cm
+}
+
+/// Seconds of `req`'s workload each placeable weight saves per VRAM byte
+/// when resident, at `plan`'s ubatch and KV layers: the order in which the
+/// optimizer fills VRAM, by weight name.
+pub fn value_per_byte(
+    model: &ModelInfo,
+    profile: &MachineProfile,
+    req: &PlanRequest,
+    plan: &Plan,
+) -> std::collections::HashMap<String, f64> {
+    let cm = cost_model(model, profile, req);
+    let ev = Evaluator::new(model, &cm, plan.workload, plan.ubatch, plan.kv_gpu_layers);
+    ev.tensors
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| {
+            let t = &model.tensors[i];
+            (t.name.clone(), ev.saving(k) / t.cuda_alloc_size().max(1) as f64)
+        })
+        .collect()
+}
+
 /// Make the best plan for `model` on the machine described by `profile`.
 pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest) -> Result<Plan, PlanError> {
     if req.n_ctx == 0 || req.workload.prompt_tokens == 0 {
@@ -51,16 +87,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
         return Err(PlanError::NoGpuProfile);
     }
     let streaming = req.streaming();
-    let mut cm = CostModel::new(
-        model,
-        profile,
-        streaming,
-        req.pinned,
-        req.overheads,
-        req.hybrid_gpu_experts,
-    );
-    cm.gpu_only = req.exact;
-    cm.dense_split = req.dense_split;
+    let cm = cost_model(model, profile, req);
     let small_bytes = small_bytes(model);
     // Streamed weights held in the compute buffer: with synchronous copies
     // the scheduler copies a layer's streamed weights there; with overlapped
@@ -91,7 +118,9 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
     // tensors (norms) stay in host memory and whose ops on them run on the
     // CPU for small batches. R1's exact plan with its KV in host memory
     // diverged from the full-GPU output at token 11 (h200-session9, s9e).
-    let kv_steps: Vec<u32> = if req.exact {
+    let kv_steps: Vec<u32> = if let Some(l) = req.kv_gpu_layers {
+        vec![l.min(model.n_layer)]
+    } else if req.exact {
         vec![model.n_layer]
     } else {
         let step = (model.n_layer as usize / 8).max(1);

@@ -10,6 +10,7 @@
 //! and hybrid split; upstream's `--fit` then leaves the placement alone.
 //! Without them no hook is installed, and the server is llama-server.
 
+mod live;
 mod options;
 mod plan;
 mod report;
@@ -18,7 +19,7 @@ use std::path::PathBuf;
 
 pub use options::{split_args, ServerOptions, HELP};
 pub use plan::{installed, Installed};
-pub use report::{metrics_text, props_json};
+pub use report::{live_metrics, metrics_text, props_json};
 
 use crate::engine;
 
@@ -56,6 +57,9 @@ pub fn serve(program: &str, opts: ServerOptions, upstream: &[String]) -> Result<
         }));
         let hook_opts = opts.clone();
         engine::set_projector_hook(Box::new(move |path, p| plan::on_projector(&hook_opts, path, p)));
+        if opts.pipeshard.follows_card() {
+            engine::set_loop_hook(Box::new(live::on_loop));
+        }
         // pipeshard's field in /props and gauges in /metrics (with --metrics).
         // `auto` resolves when the model loads; the plan reports it then.
         let budget = match opts.pipeshard.budgets() {

@@ -40,6 +40,7 @@ fn parse_probability(s: &str) -> Result<f64, String> {
 /// The long names of pipeshard's options; each takes a value.
 const OWN_FLAGS: &[&str] = &[
     "--vram-budget",
+    "--vram-headroom",
     "--profile",
     "--plan",
     "--stream-slots",
@@ -58,7 +59,11 @@ pub const HELP: &str = "\
 ----- pipeshard -----
 
 --vram-budget BYTES|auto     hard VRAM budget, e.g. 4GiB; pipeshard plans the placement
-                             of every weight for it (env: PIPESHARD_VRAM_BUDGET)
+                             of every weight for it (env: PIPESHARD_VRAM_BUDGET); with
+                             auto the budget follows the card's free memory while serving:
+                             weights move between VRAM and host memory between batches
+--vram-headroom SIZE         with auto: VRAM left free for other programs (default: 5% of
+                             the card, at least 512 MiB) (env: PIPESHARD_VRAM_HEADROOM)
 --plan FILE                  a saved plan from `pipeshard plan` (env: PIPESHARD_PLAN)
 --profile FILE               machine profile for the planner (env: PIPESHARD_PROFILE)
 --stream-slots N             device slots for streamed weights, 0-8 (default: 4)

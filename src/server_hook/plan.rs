@@ -33,6 +33,16 @@ pub fn installed() -> Option<Installed> {
     INSTALLED.lock().ok().and_then(|g| g.clone())
 }
 
+/// A live re-plan's `plan`, made for `budget`, is in force.
+pub(super) fn set_installed_plan(plan: &Plan, budget: u64) {
+    if let Ok(mut g) = INSTALLED.lock() {
+        if let Some(i) = g.as_mut() {
+            i.plan = plan.clone();
+            i.budget = Some(budget);
+        }
+    }
+}
+
 /// The load hook: plan the target model for upstream's parameters (and its
 /// draft), and place the draft where that plan put it.
 pub fn on_load(
@@ -108,6 +118,12 @@ fn plan_target(
     };
     let upstream_outputs = cp.n_outputs_max;
     launched.install(mp, cp).map_err(plan_err(&req.model))?;
+    // --vram-budget auto: the plan follows the card while serving.
+    if let Some(basis) = launched.replan.clone() {
+        // One buffer per weight, so that each weight moved frees its memory.
+        mp.movable_weights = true;
+        super::live::start(basis, &launched.plan, launched.budget, opts.pipeshard.vram_headroom, cp);
+    }
     // Upstream sizes its outputs for what it samples (speculative checks);
     // never fewer than that.
     if upstream_outputs != 0 {

@@ -86,7 +86,10 @@ pub fn metrics_text(budget: Option<u64>) -> String {
         (
             "pipeshard_vram_budget_bytes",
             "VRAM budget in bytes (0: none).",
-            i.as_ref().map_or(budget, |i| i.budget).unwrap_or(0),
+            super::live::stats()
+                .map(|s| s.budget)
+                .or_else(|| i.as_ref().map_or(budget, |i| i.budget))
+                .unwrap_or(0),
         ),
         (
             "pipeshard_vram_used_bytes",
@@ -118,11 +121,75 @@ pub fn metrics_text(budget: Option<u64>) -> String {
     for (name, help, v) in rows {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
     }
+    let _ = writeln!(
+        out,
+        "# HELP pipeshard_plan_predicted_decode_tokens_per_second Decode speed the plan in force predicts (0 without a plan).\n# TYPE pipeshard_plan_predicted_decode_tokens_per_second gauge\npipeshard_plan_predicted_decode_tokens_per_second {}",
+        plan.map_or(0.0, |p| p.predicted.decode_tok_s)
+    );
+    if let Some(live) = super::live::stats() {
+        out.push_str(&live_metrics(&live));
+    }
     let name = "pipeshard_bytes_streamed_total";
     let _ = writeln!(
         out,
         "# HELP {name} Weight bytes copied from host memory to the GPU since the server started (streamed weights, or only the experts a MoE matmul used).\n# TYPE {name} counter\n{name} {}",
         engine::weight_bytes_streamed()
+    );
+    out
+}
+
+/// The live re-plan loop's metrics (`--vram-budget auto`).
+pub fn live_metrics(s: &crate::launch::live::Snapshot) -> String {
+    let mut out = String::new();
+    let mut row = |name: &str, kind: &str, help: &str, v: String| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+    };
+    row(
+        "pipeshard_vram_allowance_bytes",
+        "gauge",
+        "What the card leaves this process at the last sample: its memory less every other process's use and the headroom, bytes.",
+        s.allowance.to_string(),
+    );
+    row(
+        "pipeshard_replans_total",
+        "counter",
+        "Re-plans put in force by moving weights while serving.",
+        s.replans.to_string(),
+    );
+    row(
+        "pipeshard_replan_failures_total",
+        "counter",
+        "Migrations that failed (the plan before stayed in force).",
+        s.failures.to_string(),
+    );
+    row(
+        "pipeshard_plan_unfit",
+        "gauge",
+        "1 while even the smallest plan needs more than the allowance (serving goes on from the smallest plan).",
+        (s.unfit as u8).to_string(),
+    );
+    row(
+        "pipeshard_migration_last_seconds",
+        "gauge",
+        "Seconds the last migration of weights took.",
+        format!("{:.6}", s.last_migration_s),
+    );
+    row(
+        "pipeshard_migration_seconds_total",
+        "counter",
+        "Seconds all migrations of weights took.",
+        format!("{:.6}", s.total_migration_s),
+    );
+    let name = "pipeshard_migrated_bytes_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Weight bytes moved by migrations, by destination.\n# TYPE {name} counter\n{name}{{to=\"host\"}} {}\n{name}{{to=\"device\"}} {}",
+        s.bytes_to_host, s.bytes_to_device
+    );
+    let _ = writeln!(
+        out,
+        "# HELP pipeshard_card_samples_total Samples of the card's memory the re-plan loop took.\n# TYPE pipeshard_card_samples_total counter\npipeshard_card_samples_total {}",
+        s.samples
     );
     out
 }

@@ -1,0 +1,340 @@
+//! Live weight migration (patch 0023) on the CPU: weights move between
+//! buffers of a loaded model between two decodes, their old memory is freed,
+//! the context rebuilds its graphs, and greedy decoding goes on with the
+//! very tokens it would have produced without the move.
+
+mod common;
+
+use std::sync::Arc;
+
+use pipeshard::engine::{
+    buffer_types, migrate_weights, migrate_weights_to, BufferType, Context, ContextParams, EngineError, Model,
+    ModelParams, Residence, TensorPlacement, Token, WeightMove,
+};
+
+const N_TOKENS: usize = 16;
+const K_BEFORE_MOVE: usize = 6;
+
+fn cpu() -> BufferType {
+    buffer_types()
+        .into_iter()
+        .find(|b| b.name() == "CPU")
+        .expect("a CPU buffer type")
+}
+
+/// The default model with every weight on the CPU's plain buffer type (no
+/// repacked layouts, which cannot be read back).
+fn load(use_mmap: bool, movable_weights: bool) -> Model {
+    pipeshard::engine::init(None).unwrap();
+    let cpu = cpu();
+    let placement: TensorPlacement = Arc::new(move |_: &str| Some(cpu));
+    Model::load(
+        &common::default_model_path(),
+        ModelParams {
+            n_gpu_layers: 0,
+            use_mmap,
+            movable_weights,
+            repack: false,
+            placement: Some(placement),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn params() -> ContextParams {
+    common::small_context_params()
+}
+
+fn prompt(model: &Model) -> Vec<Token> {
+    model
+        .tokenize("The capital of France is a city where", true, false)
+        .unwrap()
+}
+
+fn argmax(logits: &[f32]) -> Token {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as Token
+}
+
+/// Greedy decoding of `n` tokens, one token per decode; `between(i, ctx)`
+/// runs after the i-th token is chosen and before it is decoded.
+fn greedy(
+    ctx: &mut Context<'_>,
+    prompt: &[Token],
+    n: usize,
+    mut between: impl FnMut(usize, &mut Context<'_>),
+) -> Vec<Token> {
+    ctx.clear();
+    ctx.decode_tokens(prompt, 0, true).unwrap();
+    let mut out = Vec::new();
+    for i in 0..n {
+        let t = argmax(ctx.logits(-1).unwrap());
+        out.push(t);
+        between(i, ctx);
+        ctx.decode_tokens(&[t], (prompt.len() + i) as i32, true).unwrap();
+    }
+    out
+}
+
+fn model_bytes(ctx: &Context<'_>, buffer_type: &str) -> u64 {
+    ctx.memory_breakdown()
+        .iter()
+        .filter(|m| m.buffer_type == buffer_type)
+        .map(|m| m.model)
+        .sum()
+}
+
+fn weight_names(model: &Model) -> Vec<String> {
+    let gguf = pipeshard::gguf::GgufFile::open(model.path()).unwrap();
+    gguf.tensors().iter().map(|t| t.name.clone()).collect()
+}
+
+/// Two layers' weights and the (tied) token embedding, used by get_rows at
+/// the input and by the output matmul.
+fn some_weights(model: &Model) -> Vec<String> {
+    let last = model.n_layer() - 1;
+    weight_names(model)
+        .into_iter()
+        .filter(|n| n.starts_with("blk.0.") || n.starts_with(&format!("blk.{last}.")) || n == "token_embd.weight")
+        .collect()
+}
+
+#[test]
+fn moved_weights_decode_the_same_tokens_and_free_their_old_buffers() {
+    let model = load(false, true);
+    let prompt = prompt(&model);
+    let mut ctx = Context::new(&model, params()).unwrap();
+    let reference = greedy(&mut ctx, &prompt, N_TOKENS, |_, _| {});
+
+    let moved = some_weights(&model);
+    assert!(moved.len() > 10, "{moved:?}");
+    let (first_half, second_half) = moved.split_at(moved.len() / 2);
+    let mut checked = false;
+    let tokens = greedy(&mut ctx, &prompt, N_TOKENS, |i, ctx| {
+        if i != K_BEFORE_MOVE {
+            return;
+        }
+        let cpu_before = model_bytes(ctx, "CPU");
+
+        // Through the residence API (without a GPU, Host is the CPU's
+        // buffer type), then through explicit buffer types.
+        let moves: Vec<WeightMove> = first_half
+            .iter()
+            .map(|n| WeightMove {
+                tensor: n.clone(),
+                to: Residence::Host,
+            })
+            .collect();
+        let a = migrate_weights(ctx.context_ref(), &moves).unwrap();
+        let explicit: Vec<(&str, BufferType)> = second_half.iter().map(|n| (n.as_str(), cpu())).collect();
+        let b = migrate_weights_to(ctx.context_ref(), &explicit).unwrap();
+
+        assert_eq!(a.moved + b.moved, moved.len());
+        let expected: u64 = moved.iter().map(|n| model.tensor_alloc_size(n, cpu()).unwrap()).sum();
+        assert_eq!(a.bytes_to_host + b.bytes_to_host, expected);
+        assert_eq!(a.bytes_to_device + b.bytes_to_device, 0);
+        assert_eq!(
+            a.device_bytes_freed + b.device_bytes_freed,
+            0,
+            "no device buffer was involved"
+        );
+        // Each moved weight had a buffer of its own, freed when it left: the
+        // weights take exactly the host memory they took before. (Without
+        // the repoint, the old buffers would still hold their weights and
+        // stay, and the total would grow by `expected`.)
+        assert_eq!(model_bytes(ctx, "CPU"), cpu_before);
+        for n in &moved {
+            assert_eq!(ctx.context_ref().residence(n), Some(Residence::Host));
+        }
+        // Changing the streaming slots of a live context releases its
+        // compute buffers again; the next decode reserves them.
+        ctx.context_ref().set_stream_slots(2, 0);
+        checked = true;
+    });
+    assert!(checked);
+    assert_eq!(tokens, reference, "tokens after the move differ from the unmoved run");
+}
+
+#[test]
+fn the_decode_after_a_move_rebuilds_its_graph() {
+    // The graphs of the previous ubatch point at the weights' old memory (on
+    // a GPU, a captured CUDA graph would replay it): the first decode after a
+    // move must not reuse them, and the ones after it reuse the new graph.
+    let model = load(false, true);
+    let prompt = prompt(&model);
+    let mut ctx = Context::new(&model, params()).unwrap();
+    let reference = greedy(&mut ctx, &prompt, N_TOKENS, |_, _| {});
+    let names = some_weights(&model);
+    let mut reused_at_move = None;
+    let mut reused = Vec::new();
+    let tokens = greedy(&mut ctx, &prompt, N_TOKENS, |i, ctx| {
+        reused.push(ctx.graphs_reused());
+        if i == K_BEFORE_MOVE {
+            let moves: Vec<(&str, BufferType)> = names.iter().map(|n| (n.as_str(), cpu())).collect();
+            migrate_weights_to(ctx.context_ref(), &moves).unwrap();
+            reused_at_move = Some(ctx.graphs_reused());
+        }
+    });
+    assert_eq!(tokens, reference);
+    // reused[i] is read before token i is decoded: the decode of token
+    // K_BEFORE_MOVE (the first after the move) shows in reused[K + 1].
+    let k = K_BEFORE_MOVE;
+    assert!(
+        reused[k] > reused[k - 1],
+        "decodes before the move reuse their graph: {reused:?}"
+    );
+    assert_eq!(
+        reused[k + 1],
+        reused[k],
+        "the first decode after the move reused a stale graph: {reused:?}"
+    );
+    assert!(
+        reused[k + 2] > reused[k + 1],
+        "the rebuilt graph is reused again: {reused:?}"
+    );
+    assert_eq!(reused_at_move, Some(reused[k]));
+}
+
+#[test]
+fn a_shared_buffer_is_freed_once_its_last_weight_leaves() {
+    // Memory-mapped weights share one CPU_Mapped buffer (movable_weights
+    // never splits a mapping): it stays while any weight is left in it, and
+    // is freed when the last one moves out.
+    let model = load(true, true);
+    let prompt = prompt(&model);
+    let mut ctx = Context::new(&model, params()).unwrap();
+    let reference = greedy(&mut ctx, &prompt, N_TOKENS, |_, _| {});
+    let mapped = model_bytes(&ctx, "CPU_Mapped");
+    assert!(mapped > 0, "{:?}", ctx.memory_breakdown());
+    assert_eq!(model_bytes(&ctx, "CPU"), 0);
+
+    let names = weight_names(&model);
+    let (last, rest) = names.split_last().unwrap();
+    let tokens = greedy(&mut ctx, &prompt, N_TOKENS, |i, ctx| {
+        if i == K_BEFORE_MOVE {
+            let moves: Vec<(&str, BufferType)> = rest.iter().map(|n| (n.as_str(), cpu())).collect();
+            migrate_weights_to(ctx.context_ref(), &moves).unwrap();
+            assert_eq!(
+                model_bytes(ctx, "CPU_Mapped"),
+                mapped,
+                "one weight is still in the mapping"
+            );
+            let r = ctx.context_ref();
+            assert_eq!(r.weight_buffer_type(&rest[0]).map(|b| b.name()), Some("CPU".into()));
+            assert_eq!(r.weight_buffer_type(last).map(|b| b.name()), Some("CPU_Mapped".into()));
+        }
+        if i == K_BEFORE_MOVE + 3 {
+            migrate_weights_to(ctx.context_ref(), &[(last.as_str(), cpu())]).unwrap();
+            assert_eq!(model_bytes(ctx, "CPU_Mapped"), 0, "{:?}", ctx.memory_breakdown());
+            let all: u64 = names.iter().map(|n| model.tensor_alloc_size(n, cpu()).unwrap()).sum();
+            assert_eq!(model_bytes(ctx, "CPU"), all);
+        }
+    });
+    assert_eq!(tokens, reference);
+}
+
+#[test]
+fn without_movable_weights_a_partial_move_frees_nothing() {
+    // One buffer holds every weight: moving some of them out allocates their
+    // new memory and cannot free the old, so the weights' memory grows by
+    // the bytes moved (which is why the option exists), and decoding is
+    // still right.
+    let model = load(false, false);
+    let prompt = prompt(&model);
+    let mut ctx = Context::new(&model, params()).unwrap();
+    let reference = greedy(&mut ctx, &prompt, N_TOKENS, |_, _| {});
+    let names = some_weights(&model);
+    let tokens = greedy(&mut ctx, &prompt, N_TOKENS, |i, ctx| {
+        if i == K_BEFORE_MOVE {
+            let before = model_bytes(ctx, "CPU");
+            let moves: Vec<(&str, BufferType)> = names.iter().map(|n| (n.as_str(), cpu())).collect();
+            let r = migrate_weights_to(ctx.context_ref(), &moves).unwrap();
+            assert_eq!(model_bytes(ctx, "CPU"), before + r.bytes_to_host);
+        }
+    });
+    assert_eq!(tokens, reference);
+}
+
+#[test]
+fn another_context_of_the_model_follows_a_move() {
+    // The model counts its moves: a second context, idle during the move,
+    // rebuilds its graphs and reserves its buffers at its next decode.
+    let model = load(false, true);
+    let prompt = prompt(&model);
+    let mut mover = Context::new(&model, params()).unwrap();
+    let mut ctx = Context::new(&model, params()).unwrap();
+    let reference = greedy(&mut ctx, &prompt, N_TOKENS, |_, _| {});
+    let names = some_weights(&model);
+    let mut reused = Vec::new();
+    let tokens = greedy(&mut ctx, &prompt, N_TOKENS, |i, ctx| {
+        reused.push(ctx.graphs_reused());
+        if i == K_BEFORE_MOVE {
+            let moves: Vec<(&str, BufferType)> = names.iter().map(|n| (n.as_str(), cpu())).collect();
+            migrate_weights_to(mover.context_ref(), &moves).unwrap();
+        }
+    });
+    assert_eq!(tokens, reference);
+    let k = K_BEFORE_MOVE;
+    assert_eq!(
+        reused[k + 1],
+        reused[k],
+        "the other context reused a stale graph: {reused:?}"
+    );
+    assert!(reused[k + 2] > reused[k + 1], "{reused:?}");
+    // The mover itself still decodes right.
+    assert_eq!(greedy(&mut mover, &prompt, N_TOKENS, |_, _| {}), reference);
+}
+
+#[test]
+fn a_bad_move_is_a_clean_error_and_moves_nothing() {
+    let model = load(false, true);
+    let prompt = prompt(&model);
+    let mut ctx = Context::new(&model, params()).unwrap();
+    let reference = greedy(&mut ctx, &prompt, N_TOKENS, |_, _| {});
+    let before = ctx.memory_breakdown();
+
+    let good = "blk.0.attn_q.weight";
+    let err = migrate_weights(
+        ctx.context_ref(),
+        &[
+            WeightMove {
+                tensor: good.into(),
+                to: Residence::Host,
+            },
+            WeightMove {
+                tensor: "blk.0.no_such.weight".into(),
+                to: Residence::Host,
+            },
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, EngineError::UnknownWeight { name } if name == "blk.0.no_such.weight"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("blk.0.no_such.weight"), "{err}");
+    let err = migrate_weights_to(ctx.context_ref(), &[("bad\0name", cpu())]).unwrap_err();
+    assert!(matches!(err, EngineError::UnknownWeight { .. }), "{err}");
+    // The same weight twice in one call.
+    let err = migrate_weights_to(ctx.context_ref(), &[(good, cpu()), (good, cpu())]).unwrap_err();
+    assert!(
+        matches!(&err, EngineError::WeightMove { name, .. } if name == good),
+        "{err}"
+    );
+
+    let after = ctx.memory_breakdown();
+    assert_eq!(
+        format!("{before:?}"),
+        format!("{after:?}"),
+        "a refused move changed the memory"
+    );
+    let empty = migrate_weights(ctx.context_ref(), &[]).unwrap();
+    assert_eq!(empty.moved, 0);
+    assert_eq!(greedy(&mut ctx, &prompt, N_TOKENS, |_, _| {}), reference);
+}

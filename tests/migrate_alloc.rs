@@ -1,0 +1,119 @@
+//! A weight move whose allocation fails (patch 0023) moves nothing: every
+//! destination is allocated before any weight changes, so the model keeps
+//! its memory and decodes as before. Its own test binary, because it caps
+//! the address space of the whole process for a moment (with util-linux's
+//! `prlimit`), which no other test may share.
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use pipeshard::engine::{
+    buffer_types, migrate_weights_to, BufferType, Context, EngineError, Model, ModelParams, TensorPlacement, Token,
+};
+
+fn vm_size() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmSize in /proc/self/status");
+    kb * 1024
+}
+
+fn set_soft_as_limit(limit: &str) {
+    let pid = std::process::id().to_string();
+    let out = Command::new("prlimit")
+        .args(["--pid", &pid, &format!("--as={limit}:")])
+        .output()
+        .expect("running prlimit (util-linux)");
+    assert!(
+        out.status.success(),
+        "prlimit: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn greedy(ctx: &mut Context<'_>, prompt: &[Token], n: usize) -> Vec<Token> {
+    ctx.clear();
+    ctx.decode_tokens(prompt, 0, true).unwrap();
+    let mut out = Vec::new();
+    for i in 0..n {
+        let logits = ctx.logits(-1).unwrap();
+        let t = (0..logits.len()).fold(0, |b, j| if logits[j] > logits[b] { j } else { b }) as Token;
+        out.push(t);
+        ctx.decode_tokens(&[t], (prompt.len() + i) as i32, true).unwrap();
+    }
+    out
+}
+
+#[test]
+fn a_failed_allocation_moves_nothing() {
+    pipeshard::engine::init(None).unwrap();
+    let cpu: BufferType = buffer_types().into_iter().find(|b| b.name() == "CPU").unwrap();
+    let placement: TensorPlacement = Arc::new(move |_: &str| Some(cpu));
+    let model = Model::load(
+        &common::default_model_path(),
+        ModelParams {
+            n_gpu_layers: 0,
+            // The weights start in the file's mapping (CPU_Mapped), so a
+            // half-done move would show as weights in CPU buffers.
+            use_mmap: true,
+            movable_weights: true,
+            repack: false,
+            placement: Some(placement),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let prompt = model.tokenize("Once upon a time", true, false).unwrap();
+    let mut ctx = Context::new(&model, common::small_context_params()).unwrap();
+    let reference = greedy(&mut ctx, &prompt, 12);
+    let before = format!("{:?}", ctx.memory_breakdown());
+
+    let gguf = pipeshard::gguf::GgufFile::open(model.path()).unwrap();
+    let names: Vec<String> = gguf.tensors().iter().map(|t| t.name.clone()).collect();
+    let total: u64 = names.iter().map(|n| model.tensor_alloc_size(n, cpu).unwrap()).sum();
+    let margin = 24u64 << 20;
+    assert!(
+        total > 2 * margin,
+        "the model's weights ({total} bytes) must not fit the margin"
+    );
+    let moves: Vec<(&str, BufferType)> = names.iter().map(|n| (n.as_str(), cpu)).collect();
+
+    // Room for a few of the new buffers, not for all of them.
+    set_soft_as_limit(&(vm_size() + margin).to_string());
+    let res = migrate_weights_to(ctx.context_ref(), &moves);
+    set_soft_as_limit("unlimited");
+
+    let err = res.expect_err("the move had no room and still succeeded");
+    assert!(matches!(err, EngineError::WeightAlloc { done: 0, .. }), "{err}");
+    assert!(err.to_string().contains("none of the weights"), "{err}");
+    assert_eq!(
+        format!("{:?}", ctx.memory_breakdown()),
+        before,
+        "a failed move kept memory"
+    );
+    assert_eq!(greedy(&mut ctx, &prompt, 12), reference);
+
+    assert_eq!(
+        ctx.context_ref().weight_buffer_type(&names[0]).map(|b| b.name()),
+        Some("CPU_Mapped".into())
+    );
+
+    // With room again, the same move goes through.
+    let r = migrate_weights_to(ctx.context_ref(), &moves).unwrap();
+    assert_eq!(r.bytes_to_host, total);
+    let model_bytes = |name: &str| -> u64 {
+        ctx.memory_breakdown()
+            .iter()
+            .filter(|m| m.buffer_type == name)
+            .map(|m| m.model)
+            .sum()
+    };
+    assert_eq!((model_bytes("CPU_Mapped"), model_bytes("CPU")), (0, total));
+    assert_eq!(greedy(&mut ctx, &prompt, 12), reference);
+}
