@@ -1391,6 +1391,42 @@ s10a() {
     bash scripts/device/server-bench.sh tiers
 }
 
+# s10parity (after zunstash; dist/ carried with upstream's llama-bench built
+# from the pristine release, with its own libllama and libggml-base, in
+# dist/upstream/bin: build-upstream-bench.sh's build, made on the CPU
+# machine to save device time): full-GPU parity (issue 16,
+# part 1) on one host, five repetitions each. Upstream's llama-bench pp4096
+# at three ubatches and tg64 at depth 4096 (at its default ubatch and at
+# 2048); pipeshard's bench with no budget (hooks idle, ub 2048) and with a
+# budget larger than the model (the planner's plan, hooks active); R1 then
+# R2, upstream first and again last to bracket the host's drift.
+parity_up() { # NAME MODEL
+    local ub=dist/upstream/bin/llama-bench
+    # Its own pristine libllama/libggml-base next to it, never dist/lib's.
+    export LD_LIBRARY_PATH=$PWD/dist/upstream/bin
+    smi_peak "$1-pp" timeout 240 $ub -m "$W/$2.gguf" -ngl 99 -fa 1 -t 16 -p 4096 -n 0 -b 4096 -ub 1024,2048,4096 -r 5 -o md
+    grep -E "pp4096" "$RES/$1-pp.log"
+    smi_peak "$1-tg" timeout 240 $ub -m "$W/$2.gguf" -ngl 99 -fa 1 -t 16 -p 0 -n 64 -d 4096 -ub 512,2048 -r 5 -o md
+    grep -E "tg64" "$RES/$1-tg.log"
+    unset LD_LIBRARY_PATH
+}
+parity_ps() { # NAME MODEL BUDGET POLICY [EXTRA...]
+    local name=$1 model=$2 budget=$3 policy=$4; shift 4
+    timeout 240 $P bench -m "$W/$model.gguf" --vram-budget "$budget" --policies "$policy" -p 4096 -n 64 -r 5 -t 16 \
+        --profile "$RES/profile.yaml" -o "$RES/$name" "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
+    grep -E "TTFT|error" "$RES/$name.log" | sed -E "s/^.*(INFO|WARN|ERROR)[^ ]* //; s/^/$name: /"
+}
+s10parity() {
+    ZUPSTREAM=0 zprep
+    local m
+    for m in r1 r2; do
+        parity_up "up-$m" "$m"
+        parity_ps "$m-full" "$m" 64GiB full-gpu --ub 2048
+        parity_ps "$m-big" "$m" 64GiB pipeshard
+        parity_up "up2-$m" "$m"
+    done
+}
+
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
 
 "$@"
