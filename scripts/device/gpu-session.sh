@@ -1534,6 +1534,153 @@ zmigrate() {
     done
 }
 
+# s10parity (after zunstash; dist/ carried with upstream's llama-bench built
+# from the pristine release, with its own libllama and libggml-base, in
+# dist/upstream/bin: build-upstream-bench.sh's build, made on the CPU
+# machine to save device time): full-GPU parity (issue 16,
+# part 1) on one host, five repetitions each. Upstream's llama-bench pp4096
+# at three ubatches and tg64 at depth 4096 (at its default ubatch and at
+# 2048); pipeshard's bench with no budget (hooks idle, ub 2048) and with a
+# budget larger than the model (the planner's plan, hooks active); R1 then
+# R2, upstream first and again last to bracket the host's drift.
+parity_up() { # NAME MODEL
+    local ub=dist/upstream/bin/llama-bench
+    # Its own pristine libllama/libggml-base next to it, never dist/lib's.
+    export LD_LIBRARY_PATH=$PWD/dist/upstream/bin
+    smi_peak "$1-pp" timeout 240 $ub -m "$W/$2.gguf" -ngl 99 -fa 1 -t 16 -p 4096 -n 0 -b 4096 -ub 1024,2048,4096 -r 5 -o md
+    grep -E "pp4096" "$RES/$1-pp.log" || true
+    smi_peak "$1-tg" timeout 240 $ub -m "$W/$2.gguf" -ngl 99 -fa 1 -t 16 -p 0 -n 64 -d 4096 -ub 512,2048 -r 5 -o md
+    grep -E "tg64" "$RES/$1-tg.log" || true
+    unset LD_LIBRARY_PATH
+}
+parity_ps() { # NAME MODEL BUDGET POLICY [EXTRA...]
+    local name=$1 model=$2 budget=$3 policy=$4; shift 4
+    timeout 240 $P bench -m "$W/$model.gguf" --vram-budget "$budget" --policies "$policy" -p 4096 -n 64 -r 5 -t 16 \
+        --profile "$RES/profile.yaml" -o "$RES/$name" "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
+    grep -E "TTFT|error" "$RES/$name.log" | sed -E "s/^.*(INFO|WARN|ERROR)[^ ]* //; s/^/$name: /" || true
+}
+s10parity() {
+    ZUPSTREAM=0 zprep
+    local m
+    for m in r1 r2; do
+        parity_up "up-$m" "$m"
+        parity_ps "$m-full" "$m" 64GiB full-gpu --ub 2048
+        parity_ps "$m-big" "$m" 64GiB pipeshard
+        parity_up "up2-$m" "$m"
+    done
+}
+
+# s10parity2 (same warm machine after s10parity, or after zunstash with the
+# same carry): where pipeshard's rows lose. llama.cpp's own prompt and decode
+# times beside the wall clock; R2 at 64 GiB with the same plan without
+# stream slots (pipeshard-sync: the offload hook still installed); R1 with
+# the NVML sampler once a minute; upstream's pp4096 at ub 2048 in the same call.
+parity_up_pp() { # NAME MODEL
+    export LD_LIBRARY_PATH=$PWD/dist/upstream/bin
+    smi_peak "$1-pp" timeout 240 dist/upstream/bin/llama-bench -m "$W/$2.gguf" -ngl 99 -fa 1 -t 16 -p 4096 -n 0 -b 4096 -ub 2048 -r 5 -o md
+    grep -E "pp4096" "$RES/$1-pp.log" || true
+    unset LD_LIBRARY_PATH
+}
+s10parity2() {
+    ZUPSTREAM=0 zprep
+    parity_up_pp b-up-r1 r1
+    parity_ps b-r1-full r1 64GiB full-gpu --ub 2048
+    PIPESHARD_MEMORY_SAMPLE_MS=60000 parity_ps b-r1-full-nosample r1 64GiB full-gpu --ub 2048
+    parity_up_pp b-up-r2 r2
+    parity_ps b-r2-full r2 64GiB full-gpu --ub 2048
+    parity_ps b-r2-big r2 64GiB pipeshard
+    parity_ps b-r2-big-sync r2 64GiB pipeshard-sync
+    # CUDA's default per-thread stack instead of the module's largest need
+    PIPESHARD_CUDA_STACK_BYTES=1024 parity_ps b-r2-full-stack1024 r2 64GiB full-gpu --ub 2048
+    PIPESHARD_CUDA_STACK_BYTES=1024 parity_ps b-r2-big-stack1024 r2 64GiB pipeshard
+    parity_up_pp b-up2-r2 r2
+    PIPESHARD_CUDA_STACK_BYTES=1024 parity_ps b-r1-full-stack1024 r1 64GiB full-gpu --ub 2048
+    parity_up_pp b-up2-r1 r1
+}
+
+# s10parity3 (after zunstash; dist/ carried with the pristine llama-bench in
+# dist/upstream/bin and the same llama-bench built from pipeshard's patched
+# tree in dist/upstream/bin-patched, each with its own libllama and
+# libggml-base): whether pipeshard's prefill loss is its patches (hooks idle)
+# or its own process, alternating the two llama-benches around pipeshard's row.
+parity_llb() { # NAME MODEL DIR TEST
+    export LD_LIBRARY_PATH=$PWD/dist/upstream/$3
+    local t=(-p 4096 -n 0 -b 4096 -ub 2048)
+    [[ $4 == tg ]] && t=(-p 0 -n 64 -d 4096 -ub 512)
+    smi_peak "$1" timeout 240 dist/upstream/$3/llama-bench -m "$W/$2.gguf" -ngl 99 -fa 1 -t 16 "${t[@]}" -r 5 -o md
+    grep -E "pp4096|tg64" "$RES/$1.log" | sed "s/^/$1: /" || true
+    unset LD_LIBRARY_PATH
+}
+s10parity3() {
+    ZUPSTREAM=0 zprep
+    cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist/upstream/bin-patched/
+    local m
+    for m in r1 r2; do
+        parity_llb "c-up-$m-pp" $m bin pp
+        parity_llb "c-upp-$m-pp" $m bin-patched pp
+        parity_ps "c-$m-full" $m 64GiB full-gpu --ub 2048
+        parity_llb "c-upp2-$m-pp" $m bin-patched pp
+        parity_llb "c-up2-$m-pp" $m bin pp
+        parity_llb "c-up-$m-tg" $m bin tg
+        parity_llb "c-upp-$m-tg" $m bin-patched tg
+    done
+    parity_ps c-r2-big r2 64GiB pipeshard
+    parity_ps c-r1-big r1 64GiB pipeshard
+}
+
+# s10parity4 (after zunstash; dist/ carried with both llama-benches, the
+# patched one built with patch 0025): the parity rows after patch 0025, one
+# call: upstream's pristine llama-bench (pp4096 at ub 1024 and 2048, tg64 @
+# d4096 at its default ubatch and at 2048) before and after pipeshard's rows
+# (no budget at ub 2048, hooks idle; 64 GiB with the planner's plan, hooks
+# active), and the patched llama-bench's pp4096 at ub 2048.
+s10parity4() {
+    ZUPSTREAM=0 zprep
+    cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist/upstream/bin-patched/
+    local m
+    for m in r1 r2; do
+        parity_up "d-up-$m" "$m"
+        parity_ps "d-$m-full" "$m" 64GiB full-gpu --ub 2048
+        parity_ps "d-$m-big" "$m" 64GiB pipeshard
+        parity_llb "d-upp-$m-pp" $m bin-patched pp
+        parity_up "d-up2-$m" "$m"
+    done
+}
+
+# s10parity5 (after zunstash; dist/ carried from this branch's final build,
+# and dist-no0025/: the same with libggml-base built without patch 0025):
+# the final parity rows, and patch 0025 on and off within one call.
+s10parity5() {
+    ZUPSTREAM=0 zprep
+    cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist-no0025/lib/
+    local m
+    for m in r1 r2; do
+        parity_up "e-up-$m" "$m"
+        parity_ps "e-$m-full" "$m" 64GiB full-gpu --ub 2048
+        parity_ps "e-$m-big" "$m" 64GiB pipeshard
+        P=dist-no0025/pipeshard parity_ps "e-$m-full-no0025" "$m" 64GiB full-gpu --ub 2048
+        P=dist-no0025/pipeshard parity_ps "e-$m-big-no0025" "$m" 64GiB pipeshard
+        parity_up "e-up2-$m" "$m"
+    done
+}
+
+# s10parity6 (as s10parity5): patch 0025 on the paths that copy CPU-computed
+# data every step: R2 at 4 GiB (hybrid experts) and R1 at 2 GiB, with and
+# without it, speed and the generated tokens (greedy, same prompt).
+s10parity6() {
+    ZUPSTREAM=0 zprep
+    cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist-no0025/lib/
+    local v d
+    for v in with no0025; do
+        d=dist; [[ $v == no0025 ]] && d=dist-no0025
+        P=$d/pipeshard one "f-r2-4g-$v" r2 4GiB pipeshard
+        P=$d/pipeshard one "f-r1-2g-$v" r1 2GiB pipeshard
+        timeout 120 $d/pipeshard run -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" -t 16 \
+            -p "The three primary colors are" -n 48 --temp 0 > "$RES/f-r2-4g-run-$v.txt" 2> "$RES/f-r2-4g-run-$v.log" || echo "run $v failed"
+    done
+    cmp "$RES/f-r2-4g-run-with.txt" "$RES/f-r2-4g-run-no0025.txt" && echo "R2 4 GiB greedy text identical with and without patch 0025"
+}
+
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
 
 "$@"

@@ -406,12 +406,32 @@ impl<'m> Context<'m> {
         unsafe { ffi::llama_release_compute(self.ptr.as_ptr()) };
     }
 
-    /// Decodes since the context was made that ran the previous ubatch's
-    /// graph again instead of building one (llama.cpp's graph reuse).
+    /// llama.cpp's own timing of this context since the last
+    /// [`Context::reset_perf`]: each decode from its start to the
+    /// synchronisation that ends it, without the caller's time in between.
+    pub fn perf(&self) -> Perf {
+        // SAFETY: valid context; plain data returned by value.
+        let d = unsafe { ffi::llama_perf_context(self.ptr.as_ptr()) };
+        Perf {
+            prompt_ms: d.t_p_eval_ms,
+            prompt_tokens: d.n_p_eval.max(0) as u32,
+            decode_ms: d.t_eval_ms,
+            decode_tokens: d.n_eval.max(0) as u32,
+            graphs_reused: d.n_reused.max(0) as u32,
+        }
+    }
+
+    /// Start llama.cpp's timing ([`Context::perf`]) afresh.
+    pub fn reset_perf(&mut self) {
+        // SAFETY: valid context.
+        unsafe { ffi::llama_perf_context_reset(self.ptr.as_ptr()) };
+    }
+
+    /// Decodes since the context was made (or its timing was reset) that ran
+    /// the previous ubatch's graph again instead of building one (llama.cpp's
+    /// graph reuse).
     pub fn graphs_reused(&self) -> u32 {
-        // SAFETY: a plain query on a valid context.
-        let data = unsafe { ffi::llama_perf_context(self.ptr.as_ptr()) };
-        data.n_reused.max(0) as u32
+        self.perf().graphs_reused
     }
 
     /// Forget all sequences.
@@ -471,6 +491,19 @@ impl<'m> Context<'m> {
     pub(crate) fn as_ptr(&self) -> *mut ffi::llama_context {
         self.ptr.as_ptr()
     }
+}
+
+/// llama.cpp's timing of a context (`llama_perf_context`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Perf {
+    /// Batches of more than one token: milliseconds and tokens.
+    pub prompt_ms: f64,
+    pub prompt_tokens: u32,
+    /// Single-token decodes: milliseconds and tokens.
+    pub decode_ms: f64,
+    pub decode_tokens: u32,
+    /// Decodes that reused the previous compute graph.
+    pub graphs_reused: u32,
 }
 
 /// One token of a multi-sequence batch.

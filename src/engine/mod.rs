@@ -33,7 +33,7 @@ pub use backend::{
     device_free_bytes, first_device, has_gpu, init, init_keep_log, list_devices, process_bytes_at_init, Device,
     DeviceKind,
 };
-pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAttention};
+pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAttention, Perf};
 pub use error::{EngineError, Result};
 pub use fit::{fit_params, Fitted};
 pub use memory::{

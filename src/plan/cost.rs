@@ -103,6 +103,20 @@ pub struct Overheads {
     /// cost model ranks the shares 3 to 6 as measured.
     #[serde(default = "default_cpu_contention")]
     pub hybrid_cpu_contention: f64,
+    /// Seconds per entry of the attention mask (a ubatch's tokens x the KV
+    /// cells it sees), which llama.cpp fills on the host before it starts
+    /// the ubatch's graph. Later ubatches fill theirs while the GPU runs the
+    /// previous one, but the first one's is exposed: a prompt in one ubatch
+    /// of 4096 waits for 16.8M entries, two of 2048 for 4.2M. On the H200
+    /// upstream's full-GPU pp4096 of R1 is 22 ms slower at ub 4096 than at
+    /// ub 2048 where the samples predict it 4 ms faster (h200-session9
+    /// s9d): 26 ms for 12.6M entries, about 2 ns each.
+    #[serde(default = "default_mask_entry_s")]
+    pub mask_entry_s: f64,
+}
+
+fn default_mask_entry_s() -> f64 {
+    2e-9
 }
 
 fn default_layer_s() -> f64 {
@@ -120,6 +134,7 @@ impl Default for Overheads {
             stream_issue_s: 15e-6,
             layer_s: default_layer_s(),
             hybrid_cpu_contention: default_cpu_contention(),
+            mask_entry_s: default_mask_entry_s(),
         }
     }
 }

@@ -53,6 +53,9 @@ pub struct Evaluator {
     switch_s: f64,
     /// Seconds per ubatch for the small ops of every layer.
     layers_s: f64,
+    /// The first prompt ubatch's attention masks, filled on the host before
+    /// its graph starts (see `Overheads::mask_entry_s`).
+    first_mask_s: f64,
     pub workload: Workload,
     pub ubatch: u32,
 }
@@ -200,6 +203,12 @@ impl Evaluator {
                     .fold((0.0, 0.0), |(s, k), (a, c)| (s + a, k + c))
             })
             .unzip();
+        // One mask per kind of attention (full, sliding window), of the
+        // first ubatch's tokens x the cells it sees (padded to 256).
+        let first = if full > 0 { u64_ } else { rest };
+        let swa = (0..model.n_layer).filter(|&l| model.is_swa(l)).count() as u32;
+        let masks = u64::from(swa > 0) + u64::from(swa < model.n_layer);
+        let first_mask_s = (masks * first * first.div_ceil(256) * 256) as f64 * cm.overheads.mask_entry_s;
         let all_parts = split.iter().flatten().fold(SplitParts::default(), |mut a, &p| {
             a += p;
             a
@@ -233,6 +242,7 @@ impl Evaluator {
             kv_gpu_from,
             switch_s: cm.overheads.device_switch_s,
             layers_s: model.n_layer as f64 * cm.overheads.layer_s,
+            first_mask_s,
             workload,
             ubatch: u,
         }
@@ -411,7 +421,7 @@ impl Evaluator {
 
     /// Predicted TTFT and decode speed for a residency vector over `self.tensors`.
     pub fn evaluate(&self, resident: &[bool]) -> Prediction {
-        let mut ttft = 0.0;
+        let mut ttft = self.first_mask_s;
         for (si, &(_, count)) in self.sizes[..self.decode].iter().enumerate() {
             // All chunks of this size (attention is summed over them).
             // Only decode splits rows, so `sums` is empty here.

@@ -322,6 +322,19 @@ impl MachineProfile {
                         return fixed + slope * w;
                     }
                 }
+                // Between two batch samples (more than one token each), linear
+                // in tokens as for dense weights: the nearest sample alone
+                // prices a ubatch below it at the sample's own size.
+                let of_ty = || samples.iter().filter(|o| o.ty == s.ty && o.tokens > 1);
+                let lo = of_ty().filter(|o| o.tokens < tokens as i64).max_by_key(|o| o.tokens);
+                let hi = of_ty().filter(|o| o.tokens > tokens as i64).min_by_key(|o| o.tokens);
+                if let (Some(lo), Some(hi)) = (lo, hi) {
+                    let at = |o: &MatmulSample| {
+                        o.seconds * touched(n_expert as f64, n_used as f64, o.tokens as f64) * (k * n) as f64 / work(o)
+                    };
+                    let f = (tokens as f64 - lo.tokens as f64) / (hi.tokens - lo.tokens) as f64;
+                    return at(lo) + (at(hi) - at(lo)) * f;
+                }
                 let mut t = s.seconds * w / work(s);
                 if tokens as i64 > s.tokens {
                     t *= tokens as f64 / s.tokens as f64;
@@ -556,6 +569,31 @@ mod tests {
         for (used, want) in [(2, 42.5e-6), (4, 70e-6), (8, 125e-6)] {
             assert!((t(&p, used) - want).abs() < 1e-9, "{used}: {}", t(&p, used));
         }
+    }
+
+    #[test]
+    fn expert_batches_between_two_samples_are_linear_in_tokens() {
+        let expert = |tokens: i64, seconds: f64| MatmulSample {
+            experts: Some((128, 8)),
+            ..sample(Device::Gpu, "q4_0", tokens, seconds)
+        };
+        let mut p = profile();
+        p.matmul.push(expert(512, 0.4e-3));
+        p.matmul.push(expert(4096, 1.6e-3));
+        p.make_monotone();
+        let t = |tokens| p.expert_seconds(Device::Gpu, GgmlType::Q4_0, 1024, 1024, (128, 8), tokens);
+        // Every expert is touched at both samples: linear between them.
+        assert!((t(512) - 0.4e-3).abs() < 1e-9, "{}", t(512));
+        assert!(
+            (t(2048) - (0.4e-3 + 1.2e-3 * 1536.0 / 3584.0)).abs() < 1e-9,
+            "{}",
+            t(2048)
+        );
+        assert!((t(4096) - 1.6e-3).abs() < 1e-9, "{}", t(4096));
+        // Beyond the largest sample: proportional to the tokens.
+        assert!((t(8192) - 3.2e-3).abs() < 1e-9, "{}", t(8192));
+        // A ubatch below the nearest sample is no longer priced at its size.
+        assert!(t(2048) < t(4096));
     }
 
     #[test]
