@@ -44,6 +44,9 @@ fn main() -> Result<()> {
     let demote_bytes = args.get(3).map_or(Ok(1024), |s| s.parse::<u64>())? << 20;
     let n_tokens: usize = args.get(4).map_or(Ok(48), |s| s.parse())?;
     let (k_demote, k_promote) = (n_tokens / 3, 2 * n_tokens / 3);
+    // The engine's "moved weights" line (with the compute reservation's
+    // share of each move) goes to stderr.
+    pipeshard::logging::init(0);
     engine::init(None)?;
     let threads = engine::default_threads();
 

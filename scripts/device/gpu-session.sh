@@ -1527,10 +1527,11 @@ zmigrate() {
     cp profiles/intel-r-xeon-r-processor__nvidia-h200__t16.yaml "$RES/profile.yaml"
     local b
     for b in 8GiB 4GiB; do
-        dist/migrate_gpu "$W/r1.gguf" "$b" "$RES/profile.yaml" 1024 48 > "$RES/migrate-r1-$b.jsonl" 2> "$RES/migrate-r1-$b.log" \
+        PIPESHARD_LOG=warn,pipeshard=info,llama.cpp=debug \
+            dist/migrate_gpu "$W/r1.gguf" "$b" "$RES/profile.yaml" 1024 48 > "$RES/migrate-r1-$b.jsonl" 2> "$RES/migrate-r1-$b.log" \
             || echo "migrate_gpu $b failed: rc $?"
         cat "$RES/migrate-r1-$b.jsonl"
-        grep -iE "error|abort|moved weights" "$RES/migrate-r1-$b.log" | tail -5 || true
+        grep -iE "error|abort|moved weights|llama_move_tensors|sched_reserve: reserving|streaming host weights" "$RES/migrate-r1-$b.log" | tail -12 || true
     done
 }
 

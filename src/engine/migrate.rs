@@ -223,6 +223,7 @@ pub fn migrate_weights_to(mut ctx: ContextRef<'_>, moves: &[(&str, BufferType)])
         }
         move_group(&mut ctx, &group, &mut report)?;
     }
+    let moved_in = start.elapsed();
     // SAFETY: a live context, used by nobody else during the call.
     let reserved = unsafe { ffi::llama_reserve_compute(ctx.ptr.as_ptr()) };
     report.elapsed = start.elapsed();
@@ -235,8 +236,10 @@ pub fn migrate_weights_to(mut ctx: ContextRef<'_>, moves: &[(&str, BufferType)])
         to_device_mib = report.bytes_to_device as f64 / (1u64 << 20) as f64,
         device_freed_mib = report.device_bytes_freed as f64 / (1u64 << 20) as f64,
         ms = report.elapsed.as_secs_f64() * 1e3,
+        reserve_ms = (report.elapsed - moved_in).as_secs_f64() * 1e3,
         "moved weights"
     );
+    tracing::debug!(weights = ?moves.iter().map(|(n, b)| format!("{n}->{}", b.name())).collect::<Vec<_>>(), "moved");
     Ok(report)
 }
 
