@@ -18,21 +18,12 @@ use anyhow::{bail, Context as _, Result};
 use pipeshard::engine::{
     self, migrate_weights, Context, ContextParams, ModelParams, Offload, OffloadPolicy, Residence, Token, WeightMove,
 };
+use pipeshard::bench::lossless::argmax;
 use pipeshard::launch::{plan_for, LaunchRequest, PipeshardOptions};
 use pipeshard::plan::Workload;
 
 fn device_bytes() -> u64 {
     engine::process_device_bytes().map_or(0, |(b, _)| b)
-}
-
-fn argmax(logits: &[f32]) -> Token {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as Token
 }
 
 fn main() -> Result<()> {

@@ -47,7 +47,7 @@ pub fn greedy_trace(ctx: &mut Context<'_>, prompt: &[Token], n: usize) -> Result
 /// only the first block holding the overall maximum is searched, so a
 /// 150k-entry vocabulary costs microseconds, not the ~0.1 ms of an indexed
 /// scan, which showed in full-GPU decode at ~250 tokens/s (issue 16).
-pub(crate) fn argmax(v: &[f32]) -> Token {
+pub fn argmax(v: &[f32]) -> Token {
     const BLOCK: usize = 64;
     const LANES: usize = 16;
     let block_max = |b: &[f32]| {
