@@ -166,7 +166,7 @@ fn main() -> Result<()> {
         println!(
             "{}",
             serde_json::json!({"event": what, "moved": r.moved, "bytes_to_host": r.bytes_to_host,
-                "bytes_to_device": r.bytes_to_device, "device_bytes_freed": r.device_bytes_freed,
+                "bytes_to_device": r.bytes_to_device, "device_bytes_freed": r.device_bytes_freed, "to_home": r.to_home,
                 "ms": r.elapsed.as_secs_f64() * 1e3, "nvml_before": before, "nvml_after": after,
                 "nvml_delta": after as i64 - before as i64, "residence_ok": residence_ok})
         );

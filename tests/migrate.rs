@@ -8,8 +8,8 @@ mod common;
 use std::sync::Arc;
 
 use pipeshard::engine::{
-    buffer_types, migrate_weights, migrate_weights_to, BufferType, Context, ContextParams, EngineError, Model,
-    ModelParams, Residence, TensorPlacement, Token, WeightMove,
+    buffer_types, migrate_weights, migrate_weights_to, move_weights, BufferType, Context, ContextParams, EngineError,
+    Model, ModelParams, Residence, TensorPlacement, Token, WeightMove,
 };
 
 const N_TOKENS: usize = 16;
@@ -337,4 +337,36 @@ fn a_bad_move_is_a_clean_error_and_moves_nothing() {
     let empty = migrate_weights(ctx.context_ref(), &[]).unwrap();
     assert_eq!(empty.moved, 0);
     assert_eq!(greedy(&mut ctx, &prompt, N_TOKENS, |_, _| {}), reference);
+}
+
+/// A move and a change of streaming slots rebuild the graphs but keep the
+/// compute buffers allocated: released, another program could take their
+/// memory before the next decode reserves it again.
+#[test]
+fn a_move_keeps_the_compute_buffers() {
+    let model = load(false, true);
+    let prompt = prompt(&model);
+    let mut ctx = Context::new(&model, params()).unwrap();
+    let reference = greedy(&mut ctx, &prompt, N_TOKENS, |_, _| {});
+    let compute = |ctx: &Context<'_>| -> u64 { ctx.memory_breakdown().iter().map(|m| m.compute).sum() };
+    let before = compute(&ctx);
+    assert!(before > 0);
+    let moved = some_weights(&model);
+    let moves: Vec<(&str, BufferType)> = moved.iter().map(|n| (n.as_str(), cpu())).collect();
+    let tokens = greedy(&mut ctx, &prompt, N_TOKENS, |i, ctx| {
+        if i != K_BEFORE_MOVE {
+            return;
+        }
+        let r = move_weights(ctx.context_ref(), &moves).unwrap();
+        assert_eq!(r.moved, moved.len());
+        assert_eq!(compute(ctx), before, "the move released the compute buffers");
+        ctx.context_ref().set_stream_slots(0, 0);
+        assert_eq!(
+            compute(ctx),
+            before,
+            "a change of stream slots released the compute buffers"
+        );
+    });
+    assert_eq!(tokens, reference);
+    assert_eq!(compute(&ctx), before);
 }

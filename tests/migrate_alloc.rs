@@ -1,17 +1,24 @@
 //! A weight move whose allocation fails (patch 0023) moves nothing: every
 //! destination is allocated before any weight changes, so the model keeps
-//! its memory and decodes as before. Its own test binary, because it caps
-//! the address space of the whole process for a moment (with util-linux's
-//! `prlimit`), which no other test may share.
+//! its memory and decodes as before. A move keeps the context's compute
+//! buffers, so that nothing else can take that memory before it reserves
+//! again; and a decode whose compute reservation fails returns an error and
+//! leaves the context usable. Its own test binary, because it caps the
+//! address space of the whole process for a moment (with util-linux's
+//! `prlimit`), which no other test may share (the tests take turns).
 
 mod common;
 
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use pipeshard::engine::{
-    buffer_types, migrate_weights_to, BufferType, Context, EngineError, Model, ModelParams, TensorPlacement, Token,
+    buffer_types, migrate_weights_to, move_weights, BufferType, Context, ContextParams, EngineError, Model,
+    ModelParams, TensorPlacement, Token,
 };
+
+/// The address-space cap is the whole process's: one test at a time.
+static CAP: Mutex<()> = Mutex::new(());
 
 fn vm_size() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -52,6 +59,7 @@ fn greedy(ctx: &mut Context<'_>, prompt: &[Token], n: usize) -> Vec<Token> {
 
 #[test]
 fn a_failed_allocation_moves_nothing() {
+    let _turn = CAP.lock().unwrap_or_else(|e| e.into_inner());
     pipeshard::engine::init(None).unwrap();
     let cpu: BufferType = buffer_types().into_iter().find(|b| b.name() == "CPU").unwrap();
     let placement: TensorPlacement = Arc::new(move |_: &str| Some(cpu));
@@ -116,4 +124,83 @@ fn a_failed_allocation_moves_nothing() {
     };
     assert_eq!((model_bytes("CPU_Mapped"), model_bytes("CPU")), (0, total));
     assert_eq!(greedy(&mut ctx, &prompt, 12), reference);
+}
+
+fn argmax(logits: &[f32]) -> Token {
+    (0..logits.len()).fold(0, |b, j| if logits[j] > logits[b] { j } else { b }) as Token
+}
+
+#[test]
+fn a_move_keeps_the_compute_buffers_and_a_failed_reservation_fails_the_decode_cleanly() {
+    let _turn = CAP.lock().unwrap_or_else(|e| e.into_inner());
+    pipeshard::engine::init(None).unwrap();
+    let cpu: BufferType = buffer_types().into_iter().find(|b| b.name() == "CPU").unwrap();
+    let placement: TensorPlacement = Arc::new(move |_: &str| Some(cpu));
+    let model = Model::load(
+        &common::default_model_path(),
+        ModelParams {
+            n_gpu_layers: 0,
+            use_mmap: false,
+            movable_weights: true,
+            repack: false,
+            placement: Some(placement),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let prompt = model.tokenize("Once upon a time", true, false).unwrap();
+    // A ubatch whose compute buffer is larger than glibc's largest mmap
+    // threshold (32 MiB): freed, it goes back to the system, and allocated
+    // again it needs new address space.
+    let params = ContextParams {
+        n_ubatch: 512,
+        n_batch: 512,
+        ..common::small_context_params()
+    };
+    let mut ctx = Context::new(&model, params).unwrap();
+    let reference = greedy(&mut ctx, &prompt, 12);
+    let compute: u64 = ctx.memory_breakdown().iter().map(|m| m.compute).sum();
+    // Room for building graphs, not for the compute buffers.
+    let margin = compute / 2;
+    assert!(
+        margin > 32 << 20,
+        "compute buffers of {compute} bytes are too small for this test"
+    );
+
+    ctx.clear();
+    ctx.decode_tokens(&prompt, 0, true).unwrap();
+    let mut out = Vec::new();
+    for i in 0..12 {
+        let t = argmax(ctx.logits(-1).unwrap());
+        out.push(t);
+        let pos = (prompt.len() + i) as i32;
+        match i {
+            3 => {
+                // The move rebuilds the graphs; the reservation at the next
+                // decode reuses the buffers the context already has.
+                let r = move_weights(ctx.context_ref(), &[("output_norm.weight", cpu)]).unwrap();
+                assert_eq!(r.moved, 1);
+                set_soft_as_limit(&(vm_size() + margin).to_string());
+                let res = ctx.decode_tokens(&[t], pos, true);
+                set_soft_as_limit("unlimited");
+                res.expect("the reservation after a move needed the compute buffers anew");
+            }
+            6 => {
+                // The compute buffers are gone and there is no room for
+                // them: the decode fails, twice, and then goes through.
+                ctx.release_compute();
+                set_soft_as_limit(&(vm_size() + margin).to_string());
+                let first = ctx.decode_tokens(&[t], pos, true);
+                let second = ctx.decode_tokens(&[t], pos, true);
+                set_soft_as_limit("unlimited");
+                for res in [first, second] {
+                    let err = res.expect_err("the compute buffers fit the margin");
+                    assert!(matches!(err, EngineError::Decode { code: -2 }), "{err}");
+                }
+                ctx.decode_tokens(&[t], pos, true).unwrap();
+            }
+            _ => ctx.decode_tokens(&[t], pos, true).unwrap(),
+        }
+    }
+    assert_eq!(out, reference, "tokens changed across the move and the failed decodes");
 }

@@ -48,6 +48,10 @@ pub struct MigrationReport {
     /// Device memory given back: the sizes of the device buffers freed
     /// because no weight was left in them.
     pub device_bytes_freed: u64,
+    /// Weights moved to host memory by pointing them back at their host copy
+    /// (made at load with `movable_weights`, or the host memory they left
+    /// when promoted): no allocation, no copy.
+    pub to_home: usize,
     /// Wall time of the whole call: waiting for queued work, the copies, and
     /// reserving the compute buffers again.
     pub elapsed: Duration,
@@ -167,7 +171,16 @@ pub fn residence_buffer_types() -> Result<(BufferType, BufferType)> {
 /// streaming slots for the new placement. Graphs are rebuilt at the next
 /// decode, and the KV cache is kept.
 ///
-/// A move to where a weight already is reallocates it anyway.
+/// With `movable_weights`, a weight loaded into VRAM keeps a copy in pinned
+/// host memory (its home, made at load), and a promoted weight keeps the
+/// host memory it left: a move to host memory points the weight back at its
+/// home (no allocation, no copy, see [`MigrationReport::to_home`]) and frees
+/// its VRAM; a promotion copies from the home and keeps it. The compute
+/// buffers and streaming slots stay allocated across the move and are
+/// reserved again in place.
+///
+/// A move to where a weight already is reallocates it anyway (a move to
+/// host memory of a weight in its home changes nothing).
 pub fn migrate_weights(ctx: ContextRef<'_>, moves: &[WeightMove]) -> Result<MigrationReport> {
     let (device, host) = residence_buffer_types()?;
     let targets: Vec<(&str, BufferType)> = moves
@@ -189,6 +202,38 @@ pub fn migrate_weights(ctx: ContextRef<'_>, moves: &[WeightMove]) -> Result<Migr
 /// a device's own buffer type or a host buffer type (see
 /// [`super::buffer_types`]).
 pub fn migrate_weights_to(mut ctx: ContextRef<'_>, moves: &[(&str, BufferType)]) -> Result<MigrationReport> {
+    let start = Instant::now();
+    if moves.is_empty() {
+        return Ok(MigrationReport::default());
+    }
+    let mut report = move_weights(ctx.reborrow(), moves)?;
+    let moved_in = start.elapsed();
+    // SAFETY: a live context, used by nobody else during the call.
+    let reserved = unsafe { ffi::llama_reserve_compute(ctx.ptr.as_ptr()) };
+    report.elapsed = start.elapsed();
+    if !reserved {
+        return Err(EngineError::ComputeReserve { moved: report.moved });
+    }
+    tracing::info!(
+        moved = report.moved,
+        to_home = report.to_home,
+        to_host_mib = report.bytes_to_host as f64 / (1u64 << 20) as f64,
+        to_device_mib = report.bytes_to_device as f64 / (1u64 << 20) as f64,
+        device_freed_mib = report.device_bytes_freed as f64 / (1u64 << 20) as f64,
+        ms = report.elapsed.as_secs_f64() * 1e3,
+        reserve_ms = (report.elapsed - moved_in).as_secs_f64() * 1e3,
+        "moved weights"
+    );
+    tracing::debug!(weights = ?moves.iter().map(|(n, b)| format!("{n}->{}", b.name())).collect::<Vec<_>>(), "moved");
+    Ok(report)
+}
+
+/// The moves of [`migrate_weights_to`] without its compute reservation: the
+/// context reserves at its next decode (in place: its compute buffers and
+/// streaming slots stay allocated across the move), and a decode whose
+/// reservation fails returns [`EngineError::Decode`] and leaves the context
+/// usable.
+pub fn move_weights(mut ctx: ContextRef<'_>, moves: &[(&str, BufferType)]) -> Result<MigrationReport> {
     let start = Instant::now();
     let mut report = MigrationReport::default();
     if moves.is_empty() {
@@ -223,23 +268,7 @@ pub fn migrate_weights_to(mut ctx: ContextRef<'_>, moves: &[(&str, BufferType)])
         }
         move_group(&mut ctx, &group, &mut report)?;
     }
-    let moved_in = start.elapsed();
-    // SAFETY: a live context, used by nobody else during the call.
-    let reserved = unsafe { ffi::llama_reserve_compute(ctx.ptr.as_ptr()) };
     report.elapsed = start.elapsed();
-    if !reserved {
-        return Err(EngineError::ComputeReserve { moved: report.moved });
-    }
-    tracing::info!(
-        moved = report.moved,
-        to_host_mib = report.bytes_to_host as f64 / (1u64 << 20) as f64,
-        to_device_mib = report.bytes_to_device as f64 / (1u64 << 20) as f64,
-        device_freed_mib = report.device_bytes_freed as f64 / (1u64 << 20) as f64,
-        ms = report.elapsed.as_secs_f64() * 1e3,
-        reserve_ms = (report.elapsed - moved_in).as_secs_f64() * 1e3,
-        "moved weights"
-    );
-    tracing::debug!(weights = ?moves.iter().map(|(n, b)| format!("{n}->{}", b.name())).collect::<Vec<_>>(), "moved");
     Ok(report)
 }
 
@@ -296,6 +325,7 @@ fn move_group(ctx: &mut ContextRef<'_>, group: &[&(&str, BufferType)], report: &
         });
     }
     report.moved += stats.n_moved;
+    report.to_home += stats.n_home;
     for ((_, to), b) in group.iter().zip(&bytes) {
         if to.is_host() {
             report.bytes_to_host += b;

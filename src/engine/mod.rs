@@ -41,7 +41,8 @@ pub use memory::{
 };
 pub use memory_sampler::{current_rss, process_device_bytes, MemoryPeaks, MemorySampler, MemorySource};
 pub use migrate::{
-    migrate_weights, migrate_weights_to, residence_buffer_types, ContextRef, MigrationReport, Residence, WeightMove,
+    migrate_weights, migrate_weights_to, move_weights, residence_buffer_types, ContextRef, MigrationReport, Residence,
+    WeightMove,
 };
 pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
 pub use placement::{
