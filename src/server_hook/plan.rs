@@ -129,7 +129,15 @@ fn plan_target(
     if upstream_outputs != 0 {
         cp.n_outputs_max = cp.n_outputs_max.max(upstream_outputs);
     }
-    cp.n_batch = slots_batch(cp);
+    // With the budget following the card, weights move between two batches
+    // (the loop callback, patch 0024), so a batch is one ubatch: a change
+    // waits for at most one ubatch in flight, not for several slots' prompts
+    // (s10live-c: 1.76 s behind a batch of four 4096-token prompts).
+    cp.n_batch = if launched.replan.is_some() {
+        cp.n_ubatch
+    } else {
+        slots_batch(cp)
+    };
     let plan = launched.plan;
     tracing::info!(
         "pipeshard plan for {}: ubatch {}, {} of weights resident, VRAM {} of {} ({} outside llama.cpp's buffers), {} stream slots, predicted {:.1} tok/s",
