@@ -15,10 +15,10 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
+use pipeshard::bench::lossless::argmax;
 use pipeshard::engine::{
     self, migrate_weights, Context, ContextParams, ModelParams, Offload, OffloadPolicy, Residence, Token, WeightMove,
 };
-use pipeshard::bench::lossless::argmax;
 use pipeshard::launch::{plan_for, LaunchRequest, PipeshardOptions};
 use pipeshard::plan::Workload;
 

@@ -5,6 +5,7 @@
 
 mod common;
 
+use pipeshard::bench::lossless::argmax;
 use std::sync::Arc;
 
 use pipeshard::engine::{
@@ -50,16 +51,6 @@ fn prompt(model: &Model) -> Vec<Token> {
     model
         .tokenize("The capital of France is a city where", true, false)
         .unwrap()
-}
-
-fn argmax(logits: &[f32]) -> Token {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as Token
 }
 
 /// Greedy decoding of `n` tokens, one token per decode; `between(i, ctx)`
