@@ -17,6 +17,20 @@ use pipeshard::engine::{
 };
 use pipeshard::generate::{generate, GenerateRequest};
 
+/// The default model with every layer on the CPU and each weight's buffer
+/// type chosen by `placement`.
+fn load_placed(path: &std::path::Path, placement: TensorPlacement) -> Model {
+    Model::load(
+        path,
+        ModelParams {
+            n_gpu_layers: 0,
+            placement: Some(placement),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
 #[test]
 fn tensor_callback_is_asked_for_every_weight() {
     pipeshard::engine::init(None).unwrap();
@@ -28,15 +42,7 @@ fn tensor_callback_is_asked_for_every_weight() {
         seen2.lock().unwrap().insert(name.to_string());
         Some(cpu)
     });
-    let model = Model::load(
-        &path,
-        ModelParams {
-            n_gpu_layers: 0,
-            placement: Some(placement),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let model = load_placed(&path, placement);
     let gguf = pipeshard::gguf::GgufFile::open(&path).unwrap();
     let expected: BTreeSet<String> = gguf.tensors().iter().map(|t| t.name.clone()).collect();
     let seen = seen.lock().unwrap().clone();
@@ -288,15 +294,7 @@ fn row_split_on_the_cpu_computes_the_same_rows() {
     // Plain CPU buffers: a repacked weight (CPU_REPACK) is never split.
     let cpu = buffer_types().into_iter().find(|b| b.name() == "CPU").unwrap();
     let placement: TensorPlacement = Arc::new(move |_: &str| Some(cpu));
-    let model = Model::load(
-        &path,
-        ModelParams {
-            n_gpu_layers: 0,
-            placement: Some(placement),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let model = load_placed(&path, placement);
     let params = common::small_context_params();
     let prompt = model.tokenize(&"the quick brown fox ".repeat(8), true, false).unwrap();
     let req = GenerateRequest::new(prompt.clone(), 12, SamplingParams::greedy());
