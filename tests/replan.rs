@@ -21,10 +21,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pipeshard::engine::{Offload, OffloadQuery, OpKind};
+use pipeshard::engine::{MigrationReport, Offload, OffloadQuery, OpKind, Residence};
 use pipeshard::gguf::ModelInfo;
 use pipeshard::launch::live::{
-    hysteresis, moves, CardSample, Follower, Hooks, Migration, MigrationFailure, Move, ReplanBasis, Side, TraceSource,
+    hysteresis, moves, CardSample, Follower, Hooks, MigrationFailure, Move, ReplanBasis, TraceSource,
 };
 use pipeshard::plan::{self, Exec, Plan, PlanRequest, PolicySwitch};
 use pipeshard::profile::MachineProfile;
@@ -68,14 +68,15 @@ fn card(allowance: u64, own: Option<u64>) -> CardSample {
 struct Recorder(Arc<Mutex<Vec<Vec<Move>>>>);
 
 impl Recorder {
-    fn migrate(&self, moves: &[Move]) -> Result<Migration, MigrationFailure> {
+    fn migrate(&self, moves: &[Move]) -> Result<MigrationReport, MigrationFailure> {
         self.0.lock().unwrap().push(moves.to_vec());
         let (freed, taken) = moves::device_bytes(moves);
-        Ok(Migration {
+        Ok(MigrationReport {
             moved: moves.len(),
             bytes_to_host: freed,
             bytes_to_device: taken,
             device_bytes_freed: freed,
+            to_home: 0,
             elapsed: Duration::from_millis(5),
         })
     }
@@ -140,19 +141,19 @@ fn the_plan_follows_the_card_down_and_back_up() {
         let (old, new) = (resident(&last), resident(&p));
         let to_host: HashSet<String> = mv
             .iter()
-            .filter(|m| m.to == Side::Host)
+            .filter(|m| m.to == Residence::Host)
             .map(|m| m.tensor.clone())
             .collect();
         let to_dev: HashSet<String> = mv
             .iter()
-            .filter(|m| m.to == Side::Device)
+            .filter(|m| m.to == Residence::Device)
             .map(|m| m.tensor.clone())
             .collect();
         assert_eq!(to_host, old.difference(&new).cloned().collect());
         assert_eq!(to_dev, new.difference(&old).cloned().collect());
         // Demotions first.
-        let first_up = mv.iter().position(|m| m.to == Side::Device).unwrap_or(mv.len());
-        assert!(mv[first_up..].iter().all(|m| m.to == Side::Device));
+        let first_up = mv.iter().position(|m| m.to == Residence::Device).unwrap_or(mv.len());
+        assert!(mv[first_up..].iter().all(|m| m.to == Residence::Device));
         // The plan is the one a fresh launch makes with the same shape at
         // that budget, so it predicts what a fresh start would.
         let fresh = basis.plan(s.budget).unwrap().plan;
@@ -188,11 +189,11 @@ fn promotions_go_by_value_per_byte_after_every_demotion() {
     let big = basis.plan(12 * GIB).unwrap().plan;
     let value = basis.value_per_byte(&plan0);
     let up = moves::diff(&plan0, &big, &value);
-    assert!(!up.is_empty() && up.iter().all(|m| m.to == Side::Device));
+    assert!(!up.is_empty() && up.iter().all(|m| m.to == Residence::Device));
     let v: Vec<f64> = up.iter().map(|m| value[&m.tensor]).collect();
     assert!(v.windows(2).all(|w| w[0] >= w[1]), "{v:?}");
     let down = moves::diff(&big, &plan0, &value);
-    assert!(down.iter().all(|m| m.to == Side::Host));
+    assert!(down.iter().all(|m| m.to == Residence::Host));
     let v: Vec<f64> = down.iter().map(|m| value[&m.tensor]).collect();
     assert!(v.windows(2).all(|w| w[0] <= w[1]), "{v:?}");
 }
@@ -323,7 +324,7 @@ fn the_sampling_thread_follows_a_trace_and_wakes_the_loop() {
     // 300 ms until the change, then two samples 50 ms apart (and planning).
     assert!(posted < Duration::from_secs(2), "{posted:?}");
     assert!(woken.load(Ordering::Relaxed) >= 1);
-    assert!(p.moves.iter().all(|m| m.to == Side::Host));
+    assert!(p.moves.iter().all(|m| m.to == Residence::Host));
     assert!(p.replanned.plan.vram.total <= 6 * GIB);
     // The recording replays as a trace.
     let replay = TraceSource::load(&record).unwrap();

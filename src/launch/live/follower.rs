@@ -17,18 +17,9 @@ use super::moves::{device_bytes, diff, Move};
 use super::replan::{ReplanBasis, Replanned};
 use super::source::{CardSample, FreeMemorySource};
 use super::stats::{Snapshot, Stats};
+use crate::engine::{MigrationReport, Residence};
 use crate::launch::options::default_headroom;
 use crate::plan::{fmt_bytes, Plan};
-
-/// What the engine reports of a migration.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Migration {
-    pub moved: usize,
-    pub bytes_to_host: u64,
-    pub bytes_to_device: u64,
-    pub device_bytes_freed: u64,
-    pub elapsed: Duration,
-}
 
 /// Why a migration failed, and whether its weights moved all the same.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,8 +204,8 @@ impl Follower {
     /// before stays in force; the loop tries again when it next decides.
     pub fn apply_pending(
         &self,
-        migrate: impl FnOnce(&[Move], Option<Slots>) -> Result<Migration, MigrationFailure>,
-    ) -> Option<Result<Migration, MigrationFailure>> {
+        migrate: impl FnOnce(&[Move], Option<Slots>) -> Result<MigrationReport, MigrationFailure>,
+    ) -> Option<Result<MigrationReport, MigrationFailure>> {
         let p = lock(&self.shared.pending).take()?;
         let s = &self.shared;
         let result = migrate(&p.moves, p.slots);
@@ -274,8 +265,8 @@ fn describe(moves: &[Move], shown: usize) -> String {
             "{} → {}",
             m.tensor,
             match m.to {
-                super::Side::Device => "GPU",
-                super::Side::Host => "host",
+                Residence::Device => "GPU",
+                Residence::Host => "host",
             }
         )
     };

@@ -21,9 +21,9 @@ pub mod replan;
 pub mod source;
 pub mod stats;
 
-pub use follower::{Follower, Hooks, Migration, MigrationFailure, Pending, Slots};
+pub use follower::{Follower, Hooks, MigrationFailure, Pending, Slots};
 pub use migrate::migrate;
-pub use moves::{Move, Side};
+pub use moves::Move;
 pub use replan::{ReplanBasis, Replanned};
 pub use source::{CardSample, FreeMemorySource, NvmlSource, TraceSource, TRACE_ENV};
 pub use stats::Snapshot;

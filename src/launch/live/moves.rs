@@ -4,20 +4,14 @@
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
+use crate::engine::Residence;
 use crate::plan::Plan;
-
-/// Where a weight goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    Device,
-    Host,
-}
 
 /// One weight to move.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Move {
     pub tensor: String,
-    pub to: Side,
+    pub to: Residence,
     /// Its bytes in VRAM.
     pub vram_bytes: u64,
 }
@@ -43,8 +37,8 @@ pub fn diff(old: &Plan, new: &Plan, value: &HashMap<String, f64>) -> Vec<Move> {
             vram_bytes: t.vram_bytes,
         };
         match (before, t.resident) {
-            (true, false) => down.push(m(Side::Host)),
-            (false, true) => up.push(m(Side::Device)),
+            (true, false) => down.push(m(Residence::Host)),
+            (false, true) => up.push(m(Residence::Device)),
             _ => {}
         }
     }
@@ -57,7 +51,7 @@ pub fn diff(old: &Plan, new: &Plan, value: &HashMap<String, f64>) -> Vec<Move> {
 /// Bytes the moves free on the device and bytes they take there.
 pub fn device_bytes(moves: &[Move]) -> (u64, u64) {
     moves.iter().fold((0, 0), |(freed, taken), m| match m.to {
-        Side::Host => (freed + m.vram_bytes, taken),
-        Side::Device => (freed, taken + m.vram_bytes),
+        Residence::Host => (freed + m.vram_bytes, taken),
+        Residence::Device => (freed, taken + m.vram_bytes),
     })
 }
