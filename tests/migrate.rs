@@ -5,43 +5,15 @@
 
 mod common;
 
+use common::{cpu_buffer_type as cpu, load_on_plain_cpu as load};
 use pipeshard::bench::lossless::argmax;
-use std::sync::Arc;
-
 use pipeshard::engine::{
-    buffer_types, migrate_weights, migrate_weights_to, move_weights, BufferType, Context, ContextParams, EngineError,
-    Model, ModelParams, Residence, TensorPlacement, Token, WeightMove,
+    migrate_weights, migrate_weights_to, move_weights, BufferType, Context, ContextParams, EngineError, Model,
+    Residence, Token, WeightMove,
 };
 
 const N_TOKENS: usize = 16;
 const K_BEFORE_MOVE: usize = 6;
-
-fn cpu() -> BufferType {
-    buffer_types()
-        .into_iter()
-        .find(|b| b.name() == "CPU")
-        .expect("a CPU buffer type")
-}
-
-/// The default model with every weight on the CPU's plain buffer type (no
-/// repacked layouts, which cannot be read back).
-fn load(use_mmap: bool, movable_weights: bool) -> Model {
-    pipeshard::engine::init(None).unwrap();
-    let cpu = cpu();
-    let placement: TensorPlacement = Arc::new(move |_: &str| Some(cpu));
-    Model::load(
-        &common::default_model_path(),
-        ModelParams {
-            n_gpu_layers: 0,
-            use_mmap,
-            movable_weights,
-            repack: false,
-            placement: Some(placement),
-            ..Default::default()
-        },
-    )
-    .unwrap()
-}
 
 fn params() -> ContextParams {
     common::small_context_params()

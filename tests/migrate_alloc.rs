@@ -10,12 +10,11 @@
 mod common;
 
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use pipeshard::engine::{
-    buffer_types, migrate_weights_to, move_weights, BufferType, Context, ContextParams, EngineError, Model,
-    ModelParams, TensorPlacement, Token,
-};
+use common::{cpu_buffer_type, load_on_plain_cpu};
+use pipeshard::bench::lossless::argmax;
+use pipeshard::engine::{migrate_weights_to, move_weights, BufferType, Context, ContextParams, EngineError, Token};
 
 /// The address-space cap is the whole process's: one test at a time.
 static CAP: Mutex<()> = Mutex::new(());
@@ -49,8 +48,7 @@ fn greedy(ctx: &mut Context<'_>, prompt: &[Token], n: usize) -> Vec<Token> {
     ctx.decode_tokens(prompt, 0, true).unwrap();
     let mut out = Vec::new();
     for i in 0..n {
-        let logits = ctx.logits(-1).unwrap();
-        let t = (0..logits.len()).fold(0, |b, j| if logits[j] > logits[b] { j } else { b }) as Token;
+        let t = argmax(ctx.logits(-1).unwrap());
         out.push(t);
         ctx.decode_tokens(&[t], (prompt.len() + i) as i32, true).unwrap();
     }
@@ -60,23 +58,10 @@ fn greedy(ctx: &mut Context<'_>, prompt: &[Token], n: usize) -> Vec<Token> {
 #[test]
 fn a_failed_allocation_moves_nothing() {
     let _turn = CAP.lock().unwrap_or_else(|e| e.into_inner());
-    pipeshard::engine::init(None).unwrap();
-    let cpu: BufferType = buffer_types().into_iter().find(|b| b.name() == "CPU").unwrap();
-    let placement: TensorPlacement = Arc::new(move |_: &str| Some(cpu));
-    let model = Model::load(
-        &common::default_model_path(),
-        ModelParams {
-            n_gpu_layers: 0,
-            // The weights start in the file's mapping (CPU_Mapped), so a
-            // half-done move would show as weights in CPU buffers.
-            use_mmap: true,
-            movable_weights: true,
-            repack: false,
-            placement: Some(placement),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let cpu: BufferType = cpu_buffer_type();
+    // The weights start in the file's mapping (CPU_Mapped), so a half-done
+    // move would show as weights in CPU buffers.
+    let model = load_on_plain_cpu(true, true);
     let prompt = model.tokenize("Once upon a time", true, false).unwrap();
     let mut ctx = Context::new(&model, common::small_context_params()).unwrap();
     let reference = greedy(&mut ctx, &prompt, 12);
@@ -126,28 +111,11 @@ fn a_failed_allocation_moves_nothing() {
     assert_eq!(greedy(&mut ctx, &prompt, 12), reference);
 }
 
-fn argmax(logits: &[f32]) -> Token {
-    (0..logits.len()).fold(0, |b, j| if logits[j] > logits[b] { j } else { b }) as Token
-}
-
 #[test]
 fn a_move_keeps_the_compute_buffers_and_a_failed_reservation_fails_the_decode_cleanly() {
     let _turn = CAP.lock().unwrap_or_else(|e| e.into_inner());
-    pipeshard::engine::init(None).unwrap();
-    let cpu: BufferType = buffer_types().into_iter().find(|b| b.name() == "CPU").unwrap();
-    let placement: TensorPlacement = Arc::new(move |_: &str| Some(cpu));
-    let model = Model::load(
-        &common::default_model_path(),
-        ModelParams {
-            n_gpu_layers: 0,
-            use_mmap: false,
-            movable_weights: true,
-            repack: false,
-            placement: Some(placement),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let cpu: BufferType = cpu_buffer_type();
+    let model = load_on_plain_cpu(false, true);
     let prompt = model.tokenize("Once upon a time", true, false).unwrap();
     // A ubatch whose compute buffer is larger than glibc's largest mmap
     // threshold (32 MiB): freed, it goes back to the system, and allocated

@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use pipeshard::engine::{Model, ModelParams};
+use std::sync::Arc;
+
+use pipeshard::engine::{buffer_types, BufferType, Model, ModelParams};
 
 /// The real default model (SmolLM2-135M-Instruct), fetched once.
 pub fn default_model_path() -> PathBuf {
@@ -20,6 +22,34 @@ pub fn load_default_model() -> Model {
         &default_model_path(),
         ModelParams {
             n_gpu_layers: 0,
+            ..Default::default()
+        },
+    )
+    .expect("loading the default model")
+}
+
+/// The CPU's plain buffer type (no repacked layout).
+pub fn cpu_buffer_type() -> BufferType {
+    pipeshard::engine::init(None).expect("llama.cpp init");
+    buffer_types()
+        .into_iter()
+        .find(|b| b.name() == "CPU")
+        .expect("a CPU buffer type")
+}
+
+/// The default model with every layer on the CPU and every weight in the
+/// CPU's plain buffer type (none repacked, so each can be read back and
+/// moved), with llama.cpp's `use_mmap` and patch 0023's `movable_weights`.
+pub fn load_on_plain_cpu(use_mmap: bool, movable_weights: bool) -> Model {
+    let cpu = cpu_buffer_type();
+    Model::load(
+        &default_model_path(),
+        ModelParams {
+            n_gpu_layers: 0,
+            use_mmap,
+            movable_weights,
+            repack: false,
+            placement: Some(Arc::new(move |_: &str| Some(cpu))),
             ..Default::default()
         },
     )
