@@ -85,6 +85,46 @@ fn greedy_generation_is_deterministic_and_equals_plain_argmax() {
 }
 
 #[test]
+fn backend_greedy_sampling_takes_the_argmax_tokens() {
+    let model = common::load_default_model();
+    let prompt = "The three primary colors are";
+    let expected = argmax_loop(&model, prompt, 32);
+    assert!(expected.len() >= 8, "too few tokens: {expected:?}");
+
+    // The same loop with the argmax in the graph: each step reads the token
+    // llama.cpp's backend sampling chose, never the logits.
+    let mut ctx = Context::new(
+        &model,
+        ContextParams {
+            backend_greedy: true,
+            ..ctx_params()
+        },
+    )
+    .unwrap();
+    let tokens = model.tokenize(prompt, true, false).unwrap();
+    ctx.decode_tokens(&tokens, 0, true).unwrap();
+    let mut pos = tokens.len() as i32;
+    let mut got = Vec::new();
+    while got.len() < expected.len() {
+        let t = ctx.sampled_token(-1).expect("backend sampling chose no token");
+        got.push(t);
+        ctx.decode_tokens(&[t], pos, true).unwrap();
+        pos += 1;
+    }
+    assert_eq!(got, expected, "backend sampling disagrees with the host's argmax");
+
+    // The sampler chain of `generate` takes the backend's token as it is.
+    let req = GenerateRequest::new(tokens.clone(), expected.len(), SamplingParams::greedy());
+    assert_eq!(generate(&mut ctx, &req, |_| true).unwrap().tokens, expected);
+
+    // Without it there is no sampled token, only logits.
+    let mut plain = Context::new(&model, ctx_params()).unwrap();
+    plain.decode_tokens(&tokens, 0, true).unwrap();
+    assert_eq!(plain.sampled_token(-1), None);
+    assert!(plain.logits(-1).is_ok());
+}
+
+#[test]
 fn seeded_sampling_is_reproducible() {
     let model = common::load_default_model();
     let run = |seed| {

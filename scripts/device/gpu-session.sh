@@ -1682,6 +1682,39 @@ s10parity6() {
     cmp "$RES/f-r2-4g-run-with.txt" "$RES/f-r2-4g-run-no0025.txt" && echo "R2 4 GiB greedy text identical with and without patch 0025"
 }
 
+# s11parity (after zunstash; dist/ carried from this branch's build, the
+# pristine llama-bench in dist/upstream/bin, and in dist/upstream/bin-patched
+# the same llama-bench compiled from pipeshard's patched tree and linked to
+# dist/lib's libraries): issue 16 part 1 in one call. Upstream's pristine
+# llama-bench (pp4096 at ub 1024/2048/4096, tg64 @ d4096 at its default ub
+# and 2048) before and after pipeshard's rows: no budget (hooks idle, ub
+# 2048) and 64 GiB (the planner's plan, hooks active), each with the greedy
+# token taken in the graph (backend sampling, the default) and with the old
+# loop (--host-argmax); the patched llama-bench's tg (what the patches cost
+# with hooks idle); upstream's tg repetitions one by one (JSON); no budget
+# with patch 0019's queued host copies off.
+s11parity() {
+    ZUPSTREAM=0 zprep
+    if [[ -x dist/upstream/bin-patched/llama-bench ]]; then
+        cp -a dist/lib/. dist/upstream/bin-patched/
+    fi
+    local m
+    for m in r1 r2; do
+        parity_up "g-up-$m" "$m"
+        parity_ps "g-$m-full" "$m" 64GiB full-gpu --ub 2048
+        parity_ps "g-$m-big" "$m" 64GiB pipeshard
+        parity_ps "g-$m-full-host" "$m" 64GiB full-gpu --ub 2048 --host-argmax
+        parity_ps "g-$m-big-host" "$m" 64GiB pipeshard --host-argmax
+        [[ -x dist/upstream/bin-patched/llama-bench ]] && parity_llb "g-upp-$m-tg" "$m" bin-patched tg
+        # each repetition's time (samples_ns): the first against the others
+        LD_LIBRARY_PATH=$PWD/dist/upstream/bin timeout 240 dist/upstream/bin/llama-bench -m "$W/$m.gguf" -ngl 99 -fa 1 -t 16 \
+            -p 0 -n 64 -d 4096 -ub 512 -r 5 -o json > "$RES/g-up-$m-tg-json.log" 2>&1 || echo "g-up-$m-tg-json failed"
+        grep -A7 '"samples_ns"' "$RES/g-up-$m-tg-json.log" | tr -d ' \n' | sed "s/^/g-up-$m-tg-json: /"; echo
+        GGML_SCHED_SYNC_HOST_COPIES=1 parity_ps "g-$m-full-synccopy" "$m" 64GiB full-gpu --ub 2048
+        parity_up "g-up2-$m" "$m"
+    done
+}
+
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
 
 "$@"

@@ -50,6 +50,11 @@ pub struct BenchArgs {
     /// The ubatch of pipeshard's plan; default: the planner's choice.
     #[arg(long = "plan-ubatch")]
     pub plan_ubatch: Option<u32>,
+    /// Take each token's argmax on the host from the logits, instead of in
+    /// the graph where the logits are computed (llama.cpp's backend
+    /// sampling, which copies back one token id): the loop before issue 16.
+    #[arg(long = "host-argmax")]
+    pub host_argmax: bool,
 }
 
 pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
@@ -87,6 +92,7 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
         options: args.options.clone(),
         repack: !args.no_repack,
         plan_ubatch: args.plan_ubatch,
+        host_argmax: args.host_argmax,
     };
     let mut rows = Vec::new();
     for &b in &budgets {

@@ -277,9 +277,20 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         );
     }
 
+    // Plain greedy decoding (no penalty, no draft model, which verifies
+    // with the logits) takes its argmax where the logits are computed: a
+    // step copies back one token id instead of a row of logits.
+    let greedy_only = args.temperature <= 0.0 && args.repeat_penalty == 1.0 && args.draft.draft_model.is_none();
     let t_load = Instant::now();
     let model = load_with_progress(&model_path, model_params, "loading")?;
-    let mut ctx = Context::new(&model, ctx_params.clone()).context("creating the context")?;
+    let mut ctx = Context::new(
+        &model,
+        ContextParams {
+            backend_greedy: greedy_only,
+            ..ctx_params.clone()
+        },
+    )
+    .context("creating the context")?;
     // With `auto`, a plan puts the draft where it predicted it pays.
     let draft_ngl = args.draft.n_gpu_layers(planned.as_ref())?;
     let speculate = match plan {

@@ -70,6 +70,13 @@ pub struct ContextParams {
     /// The compute buffer holds this many rows of logits, so a context that
     /// only samples each sequence's last token can set it to `n_seq_max`.
     pub n_outputs_max: u32,
+    /// Greedy sampling of sequence 0 inside the graph, on the device that
+    /// computes the logits (llama.cpp's backend sampling): a decode then
+    /// copies one token id per output of sequence 0 instead of its row of
+    /// logits, which [`Context::sampled_token`] returns and
+    /// [`Context::logits`] no longer has. At most one output of sequence 0
+    /// per decode.
+    pub backend_greedy: bool,
 }
 
 impl Default for ContextParams {
@@ -94,6 +101,7 @@ impl Default for ContextParams {
             moe_split: None,
             row_split: None,
             n_outputs_max: 0,
+            backend_greedy: false,
         }
     }
 }
@@ -112,6 +120,7 @@ impl std::fmt::Debug for ContextParams {
             .field("stream_routed_max", &self.stream_routed_max)
             .field("moe_split", &self.moe_split.as_ref().map(|_| "custom"))
             .field("row_split", &self.row_split.as_ref().map(|_| "custom"))
+            .field("backend_greedy", &self.backend_greedy)
             .finish_non_exhaustive()
     }
 }
@@ -197,6 +206,7 @@ impl ContextParams {
             moe_split: None,
             row_split: None,
             n_outputs_max: cp.n_outputs_max,
+            backend_greedy: false,
         }
     }
 }
@@ -219,6 +229,8 @@ pub struct Context<'m> {
     _offload: Option<Box<OffloadPolicy>>,
     _moe_split: Option<Box<MoeSplitPolicy>>,
     _row_split: Option<Box<RowSplitPolicy>>,
+    // The greedy chain of backend sampling; freed after the context.
+    greedy: Option<NonNull<ffi::llama_sampler>>,
 }
 
 // SAFETY: a llama_context may move between threads; it is not shared (no Sync).
@@ -226,10 +238,14 @@ unsafe impl Send for Context<'_> {}
 
 impl Drop for Context<'_> {
     fn drop(&mut self) {
-        // SAFETY: both were created in `new` and are freed once.
+        // SAFETY: all were created in `new` and are freed once; the context
+        // refers to the sampler chain, so the chain goes after it.
         unsafe {
             ffi::llama_batch_free(self.batch);
             ffi::llama_free(self.ptr.as_ptr());
+            if let Some(g) = self.greedy {
+                ffi::llama_sampler_free(g.as_ptr());
+            }
         }
     }
 }
@@ -246,12 +262,45 @@ impl<'m> Context<'m> {
         let mut cp = unsafe { ffi::llama_context_default_params() };
         let (offload, moe_split, row_split) = params.write_c(&mut cp);
         cp.no_perf = false;
+        let greedy = if params.backend_greedy {
+            // SAFETY: a new chain that takes ownership of the new greedy
+            // sampler; freed below on failure, else with the context.
+            unsafe {
+                let mut sp = ffi::llama_sampler_chain_default_params();
+                sp.no_perf = true;
+                let chain = NonNull::new(ffi::llama_sampler_chain_init(sp))
+                    .ok_or_else(|| EngineError::InvalidArgument("sampler chain".into()))?;
+                ffi::llama_sampler_chain_add(chain.as_ptr(), ffi::llama_sampler_init_greedy());
+                Some(chain)
+            }
+        } else {
+            None
+        };
+        let mut configs: Vec<ffi::llama_sampler_seq_config> = greedy
+            .iter()
+            .map(|g| ffi::llama_sampler_seq_config {
+                seq_id: 0,
+                sampler: g.as_ptr(),
+            })
+            .collect();
+        if !configs.is_empty() {
+            // read during llama_init_from_model only
+            cp.samplers = configs.as_mut_ptr();
+            cp.n_samplers = configs.len();
+        }
         // SAFETY: model is valid for 'm, which the context cannot outlive.
         let raw = unsafe { ffi::llama_init_from_model(model.as_ptr(), cp) };
-        let ptr = NonNull::new(raw).ok_or(EngineError::ContextCreate {
-            n_ctx: params.n_ctx,
-            n_batch: params.n_batch,
-            n_ubatch: params.n_ubatch,
+        drop(configs);
+        let ptr = NonNull::new(raw).ok_or_else(|| {
+            if let Some(g) = greedy {
+                // SAFETY: no context was made that refers to it.
+                unsafe { ffi::llama_sampler_free(g.as_ptr()) };
+            }
+            EngineError::ContextCreate {
+                n_ctx: params.n_ctx,
+                n_batch: params.n_batch,
+                n_ubatch: params.n_ubatch,
+            }
         })?;
         // SAFETY: plain query on the new context.
         let batch_cap = unsafe { ffi::llama_n_batch(ptr.as_ptr()) } as usize;
@@ -267,6 +316,7 @@ impl<'m> Context<'m> {
             _offload: offload,
             _moe_split: moe_split,
             _row_split: row_split,
+            greedy,
         })
     }
 
@@ -377,6 +427,17 @@ impl<'m> Context<'m> {
             }
             Ok(std::slice::from_raw_parts(p, n_vocab))
         }
+    }
+
+    /// The token that backend sampling ([`ContextParams::backend_greedy`])
+    /// chose for the `i`-th output of the last batch (-1: the last one);
+    /// `None` where it did not run (not asked for, or the device that
+    /// computes the logits cannot run it: the logits are there instead).
+    pub fn sampled_token(&mut self, i: i32) -> Option<Token> {
+        self.greedy?;
+        // SAFETY: valid context; LLAMA_TOKEN_NULL for an output without one.
+        let t = unsafe { ffi::llama_get_sampled_token_ith(self.ptr.as_ptr(), i) };
+        (t != ffi::LLAMA_TOKEN_NULL).then_some(t)
     }
 
     /// Pooled embedding of a sequence (or the last token's, without pooling).
