@@ -282,7 +282,11 @@ fn result(policy: Policy, budget: u64, ttfts: &[f64], decodes: &[f64], peak_vram
         samples: ttfts
             .iter()
             .zip(decodes)
-            .map(|(&ttft_s, &decode_tok_s)| Sample { ttft_s, decode_tok_s })
+            .map(|(&ttft_s, &decode_tok_s)| Sample {
+                ttft_s,
+                decode_tok_s,
+                tg_tok_s: None,
+            })
             .collect(),
         peak_vram,
         peak_source: None,

@@ -1715,6 +1715,29 @@ s11parity() {
     done
 }
 
+# s11parity2 (as s11parity): the final rows with bench's --tg (decode also
+# measured as llama-bench's tg @ d4096: the prompt's cache kept between
+# repetitions instead of the prompt run again), upstream's tg repetitions one
+# by one (JSON) beside its pp and tg tables, before and after.
+parity_up_json() { # NAME MODEL
+    LD_LIBRARY_PATH=$PWD/dist/upstream/bin timeout 240 dist/upstream/bin/llama-bench -m "$W/$2.gguf" -ngl 99 -fa 1 -t 16 \
+        -p 0 -n 64 -d 4096 -ub 512 -r 5 -o json > "$RES/$1.log" 2>&1 || echo "$1 failed"
+    grep -A7 '"samples_ts"' "$RES/$1.log" | tr -d ' \n' | sed "s/^/$1: /"; echo
+}
+s11parity2() {
+    ZUPSTREAM=0 zprep
+    local m
+    for m in r1 r2; do
+        parity_up "h-up-$m" "$m"
+        parity_up_json "h-up-$m-tg-json" "$m"
+        parity_ps "h-$m-full" "$m" 64GiB full-gpu --ub 2048 --tg
+        parity_ps "h-$m-big" "$m" 64GiB pipeshard --tg
+        grep -h "as llama-bench" "$RES/h-$m-full.log" "$RES/h-$m-big.log" | sed -E "s/^.*INFO[^ ]* //" || true
+        parity_up_json "h-up2-$m-tg-json" "$m"
+        parity_up "h-up2-$m" "$m"
+    done
+}
+
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
 
 "$@"

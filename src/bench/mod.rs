@@ -95,6 +95,9 @@ pub struct BenchConfig {
     /// Each token's argmax on the host, from the logits copied back, instead
     /// of in the graph (backend sampling: one token id copied back).
     pub host_argmax: bool,
+    /// Also measure decode as llama-bench's `tg` at the prompt's depth
+    /// ([`Sample::tg_tok_s`]).
+    pub tg: bool,
 }
 
 /// One measured repetition.
@@ -102,6 +105,12 @@ pub struct BenchConfig {
 pub struct Sample {
     pub ttft_s: f64,
     pub decode_tok_s: f64,
+    /// With [`BenchConfig::tg`]: the same decode measured as llama-bench's
+    /// tg at the prompt's depth (its first repetition right after the
+    /// prompt, the others from the prompt's cache with the generated cells
+    /// removed, no prompt in between).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tg_tok_s: Option<f64>,
 }
 
 /// What one policy achieved at one budget.
@@ -410,7 +419,39 @@ pub fn run_policy(
         samples.push(Sample {
             ttft_s: ttft,
             decode_tok_s: dec,
+            tg_tok_s: None,
         });
+    }
+    if cfg.tg {
+        // llama-bench's tg64 @ d4096: its first repetition decodes the depth
+        // and then the timed tokens; the others restore the depth's cache
+        // and decode the timed tokens only, so the graph of the previous
+        // repetition's last step is reused from their first step on. Here
+        // the prompt's cells stay and the generated ones are removed. The
+        // first token is the prompt's greedy one, as in the repetitions above.
+        ctx.clear();
+        ctx.decode_tokens(&prompt, 0, true)?;
+        let first = greedy_token(&mut ctx)?;
+        for sample in samples.iter_mut() {
+            if !ctx.seq_rm(0, cfg.prompt_tokens as i32, -1) {
+                return Err(
+                    EngineError::InvalidArgument("the context cannot remove the generated cells".into()).into(),
+                );
+            }
+            let mut tok = first;
+            let t = Instant::now();
+            for i in 0..cfg.gen_tokens {
+                ctx.decode_tokens(&[tok], (cfg.prompt_tokens + i) as i32, true)?;
+                tok = greedy_token(&mut ctx)?;
+            }
+            let tg = cfg.gen_tokens as f64 / t.elapsed().as_secs_f64();
+            tracing::info!(
+                "tg{} @ d{} (as llama-bench measures it): {tg:.1} tok/s",
+                cfg.gen_tokens,
+                cfg.prompt_tokens
+            );
+            sample.tg_tok_s = Some(tg);
+        }
     }
     step("end");
     drop(ctx);

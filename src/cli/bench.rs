@@ -55,6 +55,12 @@ pub struct BenchArgs {
     /// sampling, which copies back one token id): the loop before issue 16.
     #[arg(long = "host-argmax")]
     pub host_argmax: bool,
+    /// Also measure decode as llama-bench's tg at the prompt's depth: its
+    /// first repetition right after the prompt, the others from the
+    /// prompt's cache without the prompt run again (as llama-bench restores
+    /// its depth's state), so only the first rebuilds the decode graph.
+    #[arg(long = "tg")]
+    pub tg: bool,
 }
 
 pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
@@ -93,6 +99,7 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
         repack: !args.no_repack,
         plan_ubatch: args.plan_ubatch,
         host_argmax: args.host_argmax,
+        tg: args.tg,
     };
     let mut rows = Vec::new();
     for &b in &budgets {
@@ -113,6 +120,16 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
                         plan::fmt_bytes(row.peak_vram),
                         if row.over_budget { " (OVER BUDGET)" } else { "" }
                     );
+                    let tg: Vec<f64> = r.samples.iter().filter_map(|s| s.tg_tok_s).collect();
+                    if !tg.is_empty() {
+                        eprintln!(
+                            "  tg{} @ d{} as llama-bench measures it: {:.1} tok/s (mean of {})",
+                            args.gen,
+                            args.prompt,
+                            tg.iter().sum::<f64>() / tg.len() as f64,
+                            tg.len()
+                        );
+                    }
                     if !row.memory_steps.is_empty() {
                         let steps: Vec<String> = row
                             .memory_steps
