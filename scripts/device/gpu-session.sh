@@ -1735,6 +1735,13 @@ s11parity2() {
         grep -h "as llama-bench" "$RES/h-$m-full.log" "$RES/h-$m-big.log" | sed -E "s/^.*INFO[^ ]* //" || true
         parity_up_json "h-up2-$m-tg-json" "$m"
         parity_up "h-up2-$m" "$m"
+        # greedy tokens: the argmax in the graph (CUDA) against the host's
+        local v
+        for v in graph host; do
+            timeout 120 $P run -m "$W/$m.gguf" --n-gpu-layers=-1 -t 16 -p "The three primary colors are" -n 64 --ignore-eos \
+                $([[ $v == host ]] && echo --host-argmax) > "$RES/h-$m-run-$v.txt" 2> "$RES/h-$m-run-$v.log" || echo "run $m $v failed"
+        done
+        cmp "$RES/h-$m-run-graph.txt" "$RES/h-$m-run-host.txt" && echo "h-$m-run: the same 64 greedy tokens with the argmax in the graph and on the host"
     done
 }
 

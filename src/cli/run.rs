@@ -86,6 +86,10 @@ pub struct RunArgs {
     pub min_p: f32,
     #[arg(long = "repeat-penalty", default_value_t = 1.0)]
     pub repeat_penalty: f32,
+    /// Greedy decoding takes each token's argmax on the host from the
+    /// logits, instead of in the graph where the logits are computed.
+    #[arg(long = "host-argmax")]
+    pub host_argmax: bool,
     /// RNG seed (default: random).
     #[arg(short = 's', long = "seed", default_value_t = u32::MAX)]
     pub seed: u32,
@@ -280,7 +284,8 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
     // Plain greedy decoding (no penalty, no draft model, which verifies
     // with the logits) takes its argmax where the logits are computed: a
     // step copies back one token id instead of a row of logits.
-    let greedy_only = args.temperature <= 0.0 && args.repeat_penalty == 1.0 && args.draft.draft_model.is_none();
+    let greedy_only =
+        args.temperature <= 0.0 && args.repeat_penalty == 1.0 && args.draft.draft_model.is_none() && !args.host_argmax;
     let t_load = Instant::now();
     let model = load_with_progress(&model_path, model_params, "loading")?;
     let mut ctx = Context::new(
