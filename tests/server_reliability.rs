@@ -7,7 +7,8 @@
 //! - a client that disconnects frees its slot within a poll, also while
 //!   other streams keep the server producing results (patch 0015);
 //! - and within the step running then, before the slots after it are
-//!   sampled (patch 0026).
+//!   sampled (patch 0026), or while the step's decode is still running
+//!   (patch 0027).
 
 mod common;
 
@@ -344,4 +345,79 @@ fn a_disconnected_client_frees_its_slot_before_the_rest_of_the_step() {
         "slot 0 freed {:.2} of a step after its client left (median): {trials:?}",
         ratios[1]
     );
+}
+
+/// The time of the first event of a stream (None: none within a minute).
+fn first_event(mut c: TcpStream) -> Option<Instant> {
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let (mut buf, mut got) = (Vec::new(), [0u8; 4096]);
+    loop {
+        let n = c.read(&mut got).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&got[..n]);
+        if String::from_utf8_lossy(&buf).contains("data: ") {
+            return Some(Instant::now());
+        }
+    }
+}
+
+#[test]
+fn a_disconnected_client_frees_its_slot_while_the_decode_runs() {
+    let _serial = one_at_a_time();
+    // Slot 0's next token and slot 1's 3,500-token prompt are one batch
+    // (batch and ubatch 4096), whose decode takes seconds on two threads.
+    let s = server(
+        "cancel-in-decode",
+        &["-c", "8192", "-b", "4096", "-ub", "4096", "-np", "2", "-t", "2"],
+    );
+    let mut c0 = send_completion(
+        &s,
+        &json!({"prompt": "Once upon a time", "n_predict": 100000, "ignore_eos": true, "stream": true, "id_slot": 0}),
+    );
+    c0.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let (mut buf, mut got) = (Vec::new(), [0u8; 4096]);
+    while String::from_utf8_lossy(&buf).matches("data: ").count() < 3 {
+        let n = c0.read(&mut got).expect("reading slot 0's stream");
+        assert!(n > 0, "slot 0's stream ended: {}", String::from_utf8_lossy(&buf));
+        buf.extend_from_slice(&got[..n]);
+    }
+    let (t_drop, freed_at, first_token_at) = std::thread::scope(|scope| {
+        let c1 = send_completion(
+            &s,
+            &json!({"prompt": long_prompt(3500), "n_predict": 4, "stream": true, "cache_prompt": false, "id_slot": 1}),
+        );
+        let first = scope.spawn(move || first_event(c1));
+        wait_processing(&s, 1, Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(300));
+        let t_drop = Instant::now();
+        c0.shutdown(std::net::Shutdown::Both).unwrap();
+        let mut freed_at = None;
+        while t_drop.elapsed() < Duration::from_secs(60) {
+            if slot(&s, 0).is_some_and(|v| v["is_processing"] != json!(true)) {
+                freed_at = Some(Instant::now());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let first_token_at = first.join().unwrap().expect("no token from slot 1 within a minute");
+        (
+            t_drop,
+            freed_at.expect("slot 0 still busy 60 s after its client left"),
+            first_token_at,
+        )
+    });
+    let freed_ms = (freed_at - t_drop).as_secs_f64() * 1000.0;
+    let decode_left_ms = first_token_at.saturating_duration_since(freed_at).as_secs_f64() * 1000.0;
+    eprintln!(
+        "slot 0 freed {freed_ms:.1} ms after its client left; slot 1's prompt decoded {decode_left_ms:.0} ms later"
+    );
+    // Freed while the batch that held its token was still being decoded,
+    // not once that decode had ended (when slot 1's first token comes).
+    assert!(
+        decode_left_ms >= 200.0,
+        "slot 0 freed {freed_ms:.1} ms after the drop, only {decode_left_ms:.0} ms before the decode ended"
+    );
+    assert!(freed_ms < 1000.0, "slot 0 freed {freed_ms:.1} ms after its client left");
 }
