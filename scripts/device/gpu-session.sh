@@ -1707,6 +1707,7 @@ sf1() {
 }
 sf2() {
     mkdir -p /root/smol && cp .whl/smol/part0* /root/smol/ && ls -la /root/smol
+    if [[ -f .whl/slot-free27/sf27.tar.xz ]]; then cp .whl/slot-free27/sf27.tar.xz /root/; fi
 }
 sfsoak() { # NAME SERVER SECONDS
     local name=$1 server=$2 secs=$3
@@ -1725,6 +1726,31 @@ sf3() {
     sfsoak after /root/sf/dist/pipeshard-server "${SF_AFTER_S:-130}"
     GGML_SCHED_TIMING=1 sfsoak timings /root/sf/timings/pipeshard-server "${SF_TIMINGS_S:-25}"
     sfsoak before /root/sf/base/pipeshard-server "${SF_BEFORE_S:-50}"
+}
+
+# sf4 (on the same warm machine after sf1-sf3; carry .whl/slot-free): the
+# soak again with patch 0027 too (p27/: only libllama-server-impl.so differs).
+sf4() {
+    [[ -x /root/sf/dist/pipeshard && -f /root/smol.gguf ]] || { echo "sf4: run sf1-sf3 first"; exit 1; }
+    mkdir -p /root/sf/p27 && tar -C /root/sf/p27 -xJf .whl/slot-free27/sf27.tar.xz
+    cp /root/sf/dist/pipeshard-server /root/sf/p27/
+    ln -sfn ../dist/lib /root/sf/p27/lib
+    sfsoak after27 /root/sf/p27/pipeshard-server "${SF_AFTER27_S:-60}"
+}
+
+# sf5 (after sf1 and sf2 on a fresh machine, with .whl/smol/part02, part03
+# carried): the model, then only the soak with patches 0026 and 0027.
+sf5() {
+    sf2
+    cat /root/smol/part0* > /root/smol.gguf
+    echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/machine.txt"
+    local d=/root/sf/p27
+    mkdir -p $d && tar -C $d -xJf /root/sf27.tar.xz
+    cp /root/sf/dist/pipeshard-server $d/
+    ln -sfn ../dist/lib $d/lib
+    sfsoak after27 $d/pipeshard-server "${SF_AFTER27_S:-60}"
 }
 
 "$@"
