@@ -5,7 +5,10 @@
 //! - a request with `n_cmpl` equal to the number of slots starts while
 //!   other clients keep every slot busy (patch 0014's reservation);
 //! - a client that disconnects frees its slot within a poll, also while
-//!   other streams keep the server producing results (patch 0015).
+//!   other streams keep the server producing results (patch 0015);
+//! - and within the step running then, before the slots after it are
+//!   sampled (patch 0026), or while the step's decode is still running
+//!   (patch 0027).
 
 mod common;
 
@@ -230,4 +233,191 @@ fn a_disconnected_client_frees_its_slot_while_other_streams_run() {
             "slot 0 freed {ms:.0} ms after its client left: {freed_ms:?}"
         );
     }
+}
+
+/// A grammar whose every token is slow to sample: `n` alternatives, each a
+/// letter and then its own number, so that checking the vocabulary against
+/// it walks `n` parse stacks.
+fn slow_grammar(n: usize) -> String {
+    let alternatives: Vec<String> = (0..n).map(|i| format!("[a-z] \"{i}\"")).collect();
+    format!("root ::= w+\nw ::= {}\n", alternatives.join(" | "))
+}
+
+/// Reads a stream to its end or until `stop`, discarding what it gets.
+fn drain(mut c: TcpStream, stop: &AtomicBool) {
+    let mut buf = [0u8; 4096];
+    c.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    while !stop.load(Ordering::Relaxed) {
+        match c.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+#[test]
+fn a_disconnected_client_frees_its_slot_before_the_rest_of_the_step() {
+    let _serial = one_at_a_time();
+    let s = server("cancel-in-step", &["-c", "4096", "-np", "5", "-t", "2"]);
+    let stop = AtomicBool::new(false);
+    let trials = std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&stop);
+        // Slots 1-4 stream under a grammar that makes each of their tokens
+        // slow to sample, so that most of a step is the sampling of the
+        // slots after slot 0. Sampled without the grammar first, a token is
+        // checked alone and kept if the grammar accepts it: with no
+        // truncation and a high temperature it almost never is, so every
+        // token checks the whole vocabulary against the grammar.
+        for id_slot in 1..5u64 {
+            let c = send_completion(
+                &s,
+                &json!({"prompt": "Write a list of words.", "n_predict": 100000, "ignore_eos": true, "stream": true,
+                    "grammar": slow_grammar(400), "top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 20.0,
+                    "id_slot": id_slot}),
+            );
+            let stop = &stop;
+            scope.spawn(move || drain(c, stop));
+        }
+        for id_slot in 1..5u64 {
+            wait_processing(&s, id_slot, Duration::from_secs(30));
+        }
+        let mut trials = Vec::new();
+        for _ in 0..3 {
+            // Slot 0 streams without a grammar: it is sampled first in each
+            // step, and its client leaves right after one of its tokens.
+            let mut c = send_completion(
+                &s,
+                &json!({"prompt": "Once upon a time", "n_predict": 100000, "ignore_eos": true, "stream": true,
+                    "id_slot": 0}),
+            );
+            c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+            let (mut buf, mut got) = (Vec::new(), [0u8; 4096]);
+            let mut event_times = Vec::new();
+            while event_times.len() < 6 {
+                let n = c.read(&mut got).expect("reading slot 0's stream");
+                assert!(n > 0, "slot 0's stream ended: {}", String::from_utf8_lossy(&buf));
+                buf.extend_from_slice(&got[..n]);
+                let events = String::from_utf8_lossy(&buf).matches("data: ").count();
+                while event_times.len() < events {
+                    event_times.push(Instant::now());
+                }
+            }
+            let t_drop = Instant::now();
+            c.shutdown(std::net::Shutdown::Both).unwrap();
+            drop(c);
+            let mut freed = None;
+            while t_drop.elapsed() < Duration::from_secs(20) {
+                if slot(&s, 0).is_some_and(|v| v["is_processing"] != json!(true)) {
+                    freed = Some(t_drop.elapsed().as_secs_f64() * 1000.0);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let freed = freed.expect("slot 0 still busy 20 s after its client left");
+            // A step: the time between two of slot 0's tokens (the first
+            // also waited for its prompt).
+            let mut steps: Vec<f64> = event_times[1..]
+                .windows(2)
+                .map(|w| (w[1] - w[0]).as_secs_f64() * 1000.0)
+                .collect();
+            steps.sort_by(|a, b| a.total_cmp(b));
+            trials.push((freed, steps[steps.len() / 2]));
+        }
+        trials
+    });
+    eprintln!("(slot freed after the disconnect, step) in ms: {trials:?}");
+    for (_, step) in &trials {
+        // The steps are long (4 slow samplings each), else the test shows nothing.
+        assert!(
+            *step >= 60.0,
+            "a step took only {step:.0} ms: the grammar did not slow sampling: {trials:?}"
+        );
+    }
+    // Freed within the step its client left in, before the slots after it
+    // were sampled: not one step later. The median of three, as the two
+    // cores are shared with other work.
+    let mut ratios: Vec<f64> = trials.iter().map(|(freed, step)| freed / step).collect();
+    ratios.sort_by(|a, b| a.total_cmp(b));
+    assert!(
+        ratios[1] < 0.5,
+        "slot 0 freed {:.2} of a step after its client left (median): {trials:?}",
+        ratios[1]
+    );
+}
+
+/// The time of the first event of a stream (None: none within a minute).
+fn first_event(mut c: TcpStream) -> Option<Instant> {
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let (mut buf, mut got) = (Vec::new(), [0u8; 4096]);
+    loop {
+        let n = c.read(&mut got).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&got[..n]);
+        if String::from_utf8_lossy(&buf).contains("data: ") {
+            return Some(Instant::now());
+        }
+    }
+}
+
+#[test]
+fn a_disconnected_client_frees_its_slot_while_the_decode_runs() {
+    let _serial = one_at_a_time();
+    // Slot 0's next token and slot 1's 3,500-token prompt are one batch
+    // (batch and ubatch 4096), whose decode takes seconds on two threads.
+    let s = server(
+        "cancel-in-decode",
+        &["-c", "8192", "-b", "4096", "-ub", "4096", "-np", "2", "-t", "2"],
+    );
+    let mut c0 = send_completion(
+        &s,
+        &json!({"prompt": "Once upon a time", "n_predict": 100000, "ignore_eos": true, "stream": true, "id_slot": 0}),
+    );
+    c0.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let (mut buf, mut got) = (Vec::new(), [0u8; 4096]);
+    while String::from_utf8_lossy(&buf).matches("data: ").count() < 3 {
+        let n = c0.read(&mut got).expect("reading slot 0's stream");
+        assert!(n > 0, "slot 0's stream ended: {}", String::from_utf8_lossy(&buf));
+        buf.extend_from_slice(&got[..n]);
+    }
+    let (t_drop, freed_at, first_token_at) = std::thread::scope(|scope| {
+        let c1 = send_completion(
+            &s,
+            &json!({"prompt": long_prompt(3500), "n_predict": 4, "stream": true, "cache_prompt": false, "id_slot": 1}),
+        );
+        let first = scope.spawn(move || first_event(c1));
+        wait_processing(&s, 1, Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(300));
+        let t_drop = Instant::now();
+        c0.shutdown(std::net::Shutdown::Both).unwrap();
+        let mut freed_at = None;
+        while t_drop.elapsed() < Duration::from_secs(60) {
+            if slot(&s, 0).is_some_and(|v| v["is_processing"] != json!(true)) {
+                freed_at = Some(Instant::now());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let first_token_at = first.join().unwrap().expect("no token from slot 1 within a minute");
+        (
+            t_drop,
+            freed_at.expect("slot 0 still busy 60 s after its client left"),
+            first_token_at,
+        )
+    });
+    let freed_ms = (freed_at - t_drop).as_secs_f64() * 1000.0;
+    let decode_left_ms = first_token_at.saturating_duration_since(freed_at).as_secs_f64() * 1000.0;
+    eprintln!(
+        "slot 0 freed {freed_ms:.1} ms after its client left; slot 1's prompt decoded {decode_left_ms:.0} ms later"
+    );
+    // Freed while the batch that held its token was still being decoded,
+    // not once that decode had ended (when slot 1's first token comes).
+    assert!(
+        decode_left_ms >= 200.0,
+        "slot 0 freed {freed_ms:.1} ms after the drop, only {decode_left_ms:.0} ms before the decode ended"
+    );
+    assert!(freed_ms < 1000.0, "slot 0 freed {freed_ms:.1} ms after its client left");
 }

@@ -1747,4 +1747,73 @@ s11parity2() {
 
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
 
+# Session 11, issue 17's last criterion (branch slot-free, patch 0026): the
+# soak of session 9's H200 command, this build against the same build
+# without patch 0026 (base/: only libllama-server-impl.so differs) and with
+# the server's DEBUG_TIMINGS (timings/: the averages of pre_decode, decode,
+# post_decode and sampling every 5 s). Three calls on one warm machine:
+#   sf1 (carry .stash and .whl/slot-free): the CUDA module and the builds in /root/sf
+#   sf2 (carry .whl/smol/part00, part01) and sf3 (carry part02, part03): the
+#   default model, then the soaks, results into $OUT.
+sf1() {
+    zunstash
+    mkdir -p /root/sf && tar -C /root/sf -xJf .whl/slot-free/sf.tar.xz
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so /root/sf/dist/lib/
+    bash /root/sf/dist/cuda-stack.sh /root/sf/dist || true
+    local v
+    for v in base timings; do
+        cp /root/sf/dist/pipeshard-server /root/sf/$v/
+        ln -sfn ../dist/lib /root/sf/$v/lib
+    done
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    lscpu | grep -E "Model name|^CPU\(s\)"
+}
+sf2() {
+    mkdir -p /root/smol && cp .whl/smol/part0* /root/smol/ && ls -la /root/smol
+    if [[ -f .whl/slot-free27/sf27.tar.xz ]]; then cp .whl/slot-free27/sf27.tar.xz /root/; fi
+}
+sfsoak() { # NAME SERVER SECONDS
+    local name=$1 server=$2 secs=$3
+    /root/sf/dist/pipeshard fuzz-http -m /root/smol.gguf --mode soak --clients 32 --duration-s "$secs" \
+        --server "$server" --server-args "-c 16384 -np 32 -t 8 --cache-ram 0 -ngl 99" \
+        --work-dir "/root/sfw/$name" --json > "$OUT/$name.json" 2> "$OUT/$name.log" || echo "soak $name: exit $?"
+    tail -2 "$OUT/$name.log"
+    xz -T8 -c "/root/sfw/$name/server.log" > "$OUT/$name-server.log.xz" || true
+}
+sf3() {
+    sf2
+    cat /root/smol/part0* > /root/smol.gguf
+    echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/machine.txt"
+    sfsoak after /root/sf/dist/pipeshard-server "${SF_AFTER_S:-130}"
+    GGML_SCHED_TIMING=1 sfsoak timings /root/sf/timings/pipeshard-server "${SF_TIMINGS_S:-25}"
+    sfsoak before /root/sf/base/pipeshard-server "${SF_BEFORE_S:-50}"
+}
+
+# sf4 (on the same warm machine after sf1-sf3; carry .whl/slot-free): the
+# soak again with patch 0027 too (p27/: only libllama-server-impl.so differs).
+sf4() {
+    [[ -x /root/sf/dist/pipeshard && -f /root/smol.gguf ]] || { echo "sf4: run sf1-sf3 first"; exit 1; }
+    mkdir -p /root/sf/p27 && tar -C /root/sf/p27 -xJf .whl/slot-free27/sf27.tar.xz
+    cp /root/sf/dist/pipeshard-server /root/sf/p27/
+    ln -sfn ../dist/lib /root/sf/p27/lib
+    sfsoak after27 /root/sf/p27/pipeshard-server "${SF_AFTER27_S:-60}"
+}
+
+# sf5 (after sf1 and sf2 on a fresh machine, with .whl/smol/part02, part03
+# carried): the model, then only the soak with patches 0026 and 0027.
+sf5() {
+    sf2
+    cat /root/smol/part0* > /root/smol.gguf
+    echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/machine.txt"
+    local d=/root/sf/p27
+    mkdir -p $d && tar -C $d -xJf /root/sf27.tar.xz
+    cp /root/sf/dist/pipeshard-server $d/
+    ln -sfn ../dist/lib $d/lib
+    sfsoak after27 $d/pipeshard-server "${SF_AFTER27_S:-60}"
+}
+
 "$@"
