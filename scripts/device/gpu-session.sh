@@ -1483,7 +1483,8 @@ s10live() {
     for b in $(python3 -c 'import json,sys
 seen = []
 for p in json.load(open(sys.argv[1]))["phases"]:
-    b = p["budget_gib"]
+    # below the smallest plan, the smallest plan (its total) is what serves
+    b = p["budget_gib"] and max(p["budget_gib"], p["plan_total_gib"] + 0.0625)
     if b and all(abs(b - x) > 0.5 for x in seen):
         seen.append(b)
         print(int(b * 2**30))' "$RES/live.summary.json"); do

@@ -41,8 +41,8 @@ pub use memory::{
 };
 pub use memory_sampler::{current_rss, process_device_bytes, MemoryPeaks, MemorySampler, MemorySource};
 pub use migrate::{
-    migrate_weights, migrate_weights_to, move_weights, residence_buffer_types, ContextRef, MigrationReport, Residence,
-    WeightMove,
+    cancel_staged, commit_staged, migrate_weights, migrate_weights_to, move_weights, residence_buffer_types,
+    stage_state, stage_weights, stage_weights_to, ContextRef, MigrationReport, Residence, StageState, WeightMove,
 };
 pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
 pub use placement::{
