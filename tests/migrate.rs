@@ -9,8 +9,7 @@ use common::{cpu_buffer_type as cpu, load_on_plain_cpu as load};
 use pipeshard::bench::lossless::argmax;
 use pipeshard::engine::{
     cancel_staged, commit_staged, migrate_weights, migrate_weights_to, move_weights, stage_state, stage_weights,
-    stage_weights_to, BufferType, Context, ContextParams, EngineError, Model, Residence, StageState, Token,
-    WeightMove,
+    stage_weights_to, BufferType, Context, ContextParams, EngineError, Model, Residence, StageState, Token, WeightMove,
 };
 
 const N_TOKENS: usize = 16;
@@ -398,7 +397,10 @@ fn a_staged_promotion_copies_while_decoding_goes_on_and_commits_between_two_deco
     assert_eq!(r.moved, moved.len());
     assert_eq!(r.bytes_to_device, expected);
     assert!(r.side_copy > std::time::Duration::ZERO && r.elapsed > std::time::Duration::ZERO);
-    assert_eq!(tokens, reference, "tokens across the staged promotion differ from the unmoved run");
+    assert_eq!(
+        tokens, reference,
+        "tokens across the staged promotion differ from the unmoved run"
+    );
 }
 
 /// A shrink that arrives while a promotion is staged: the demotion

@@ -401,7 +401,10 @@ fn tokens_stay_identical_across_a_live_demotion_in_exact_mode() {
         // The card shrinks after 8 tokens: the next two samples decide, and
         // the move happens before the next decode.
         if step >= 8 {
-            f.step(t, Some(card(plan0.vram.total - 16 * MIB, None)));
+            // The process holds 1 GiB more than its plan (as NVML would
+            // say): far enough above the smallest plan that moving to it
+            // frees memory that counts.
+            f.step(t, Some(card(plan0.vram.total - 16 * MIB, Some(plan0.vram.total + GIB))));
             t += hysteresis::SAMPLE_EVERY;
         }
         if let Some(r) = f.apply_pending(|moves, slots| live::migrate(ctx.context_ref(), moves, slots)) {
@@ -632,7 +635,10 @@ fn a_promotion_is_staged_and_a_shrink_cancels_it_before_demoting() {
     assert!(!s.staging);
     assert!((s.last_promotion_copy_s - 0.120).abs() < 1e-9, "{s:?}");
     assert!((s.last_promotion_pause_s - 0.004).abs() < 1e-9, "{s:?}");
-    assert!((s.last_migration_s - 0.004).abs() < 1e-9, "the pause is the migration's time: {s:?}");
+    assert!(
+        (s.last_migration_s - 0.004).abs() < 1e-9,
+        "the pause is the migration's time: {s:?}"
+    );
 }
 
 /// An allowance that comes back to the plan in force while its promotion
@@ -683,7 +689,13 @@ fn tokens_stay_identical_across_a_staged_promotion() {
     req.budget = minimum;
     let plan0 = plan::make_plan(&info, &profile, &req).unwrap();
     let basis = ReplanBasis::new(info, profile, req, &plan0);
-    let f = Follower::new(basis, plan0.clone(), plan0.vram.budget, Some(HEADROOM), Hooks::default());
+    let f = Follower::new(
+        basis,
+        plan0.clone(),
+        plan0.vram.budget,
+        Some(HEADROOM),
+        Hooks::default(),
+    );
 
     let model = Model::load(
         &path,
@@ -742,4 +754,37 @@ fn tokens_stay_identical_across_a_staged_promotion() {
     assert_eq!((s.replans, s.promotions, s.failures), (1, 1, 0));
     assert!(s.last_promotion_copy_s > 0.0 && s.last_promotion_pause_s > 0.0, "{s:?}");
     assert_eq!(out.tokens, reference, "the tokens changed across the staged promotion");
+}
+
+/// Below the smallest plan with a plan in force that is already within the
+/// slack of it, nothing moves: what a migration would free, the other
+/// program takes at once, and the compute reservation for the new placement
+/// could then fail every request (s11 on the H200: the smallest plan with
+/// two slots instead of three). The log and the metrics say unfit.
+#[test]
+fn below_the_smallest_plan_a_plan_in_force_near_it_stays() {
+    let (plan0, basis) = launched(8 * GIB, false);
+    let smallest = basis.plan(0).unwrap();
+    assert!(!smallest.fits);
+    let near = smallest.plan.vram.total + 240 * MIB;
+    let f = Follower::new(basis.clone(), plan0, 8 * GIB, Some(HEADROOM), Hooks::default());
+    let rec = Recorder::default();
+    let mut t = Duration::ZERO;
+    // Down to a plan that fits just above the smallest.
+    run(&f, &rec, &mut t, 1.0, |_| card(near + hysteresis::SLACK, None));
+    assert_eq!(rec.0.lock().unwrap().len(), 1);
+    let in_force = f.in_force();
+    assert!(in_force.vram.total <= near && in_force.vram.total > smallest.plan.vram.total);
+    assert_ne!(
+        (resident(&in_force), in_force.stream_slots),
+        (resident(&smallest.plan), smallest.plan.stream_slots)
+    );
+    // Then below the smallest plan: it stays, and says so.
+    run(&f, &rec, &mut t, 12.0, |_| card(256 * MIB, None));
+    assert_eq!(rec.0.lock().unwrap().len(), 1, "a migration below the smallest plan");
+    assert!(f.pending().is_none());
+    assert_eq!(resident(&f.in_force()), resident(&in_force));
+    let s = f.stats();
+    assert!(s.unfit);
+    assert!(pipeshard::server_hook::live_metrics(&s).contains("pipeshard_plan_unfit 1\n"));
 }

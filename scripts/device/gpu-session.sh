@@ -1504,7 +1504,7 @@ for p in json.load(open(sys.argv[1]))["phases"]:
             cl=$!
             sleep "${LIVE_FRESH_S:-12}"; touch "$stop"; wait $cl || true
             python3 -c 'import json,sys
-r=[json.loads(l) for l in open(sys.argv[1])]; s=[x["predicted_per_second"] for x in r[4:] if x["ok"]] or [x["predicted_per_second"] for x in r if x["ok"]]
+r=[json.loads(l) for l in open(sys.argv[1])]; r=[x for x in r if not x.get("probe")]; s=[x["predicted_per_second"] for x in r[4:] if x["ok"]] or [x["predicted_per_second"] for x in r if x["ok"]]
 print("fresh at %s bytes: %d requests, decode %.1f tok/s each (mean)" % (sys.argv[2], len(r), sum(s)/max(len(s),1)))' "$RES/live-fresh-$b.requests" "$b" | tee -a "$RES/live.fresh"
         else
             tail -5 "$RES/live-fresh-$b.log"

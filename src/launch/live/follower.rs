@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::hysteresis::{Decision, Hysteresis, SAMPLE_EVERY};
+use super::hysteresis::{Decision, Hysteresis, SAMPLE_EVERY, SLACK};
 use super::moves::{device_bytes, diff, Move};
 use super::replan::{ReplanBasis, Replanned};
 use super::source::{CardSample, FreeMemorySource};
@@ -481,9 +481,26 @@ fn step(s: &Shared, now: Duration, sample: Option<CardSample>) {
     }
     let (moves, slots) = {
         let in_force = lock(&s.in_force);
-        let value = s.basis.value_per_byte(&in_force);
-        let slots = Some(Slots::of(&replanned.plan)).filter(|&n| n != Slots::of(&in_force));
-        (diff(&in_force, &replanned.plan, &value), slots)
+        let held = in_force.vram.total.max(own);
+        if !replanned.fits && held <= replanned.plan.vram.total.saturating_add(SLACK) {
+            // Nothing fits, and the process (its plan, and what NVML says
+            // it holds) is within the slack of the smallest plan: another
+            // program takes whatever a migration would free at once, and
+            // the compute reservation the migration needs for the new
+            // placement (other slots, other splits) could then find no
+            // memory, failing every request. Serve on from it.
+            tracing::warn!(
+                "this process ({}) is within {} of the smallest plan ({}): the plan in force stays",
+                fmt_bytes(held),
+                fmt_bytes(SLACK),
+                fmt_bytes(replanned.plan.vram.total)
+            );
+            (Vec::new(), None)
+        } else {
+            let value = s.basis.value_per_byte(&in_force);
+            let slots = Some(Slots::of(&replanned.plan)).filter(|&n| n != Slots::of(&in_force));
+            (diff(&in_force, &replanned.plan, &value), slots)
+        }
     };
     let mut pending = lock(&s.pending);
     if moves.is_empty() && slots.is_none() {
