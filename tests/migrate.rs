@@ -8,8 +8,8 @@ mod common;
 use common::{cpu_buffer_type as cpu, load_on_plain_cpu as load};
 use pipeshard::bench::lossless::argmax;
 use pipeshard::engine::{
-    migrate_weights, migrate_weights_to, move_weights, BufferType, Context, ContextParams, EngineError, Model,
-    Residence, Token, WeightMove,
+    cancel_staged, commit_staged, migrate_weights, migrate_weights_to, move_weights, stage_state, stage_weights,
+    stage_weights_to, BufferType, Context, ContextParams, EngineError, Model, Residence, StageState, Token, WeightMove,
 };
 
 const N_TOKENS: usize = 16;
@@ -332,4 +332,146 @@ fn a_move_keeps_the_compute_buffers() {
     });
     assert_eq!(tokens, reference);
     assert_eq!(compute(&ctx), before);
+}
+
+fn promotions(names: &[String]) -> Vec<WeightMove> {
+    names
+        .iter()
+        .map(|n| WeightMove {
+            tensor: n.clone(),
+            to: Residence::Device,
+        })
+        .collect()
+}
+
+/// A promotion staged on the side (patch 0026; without a GPU the device is
+/// the CPU's buffer type, so staging allocates and copies on llama.cpp's
+/// staging thread while the context decodes on): the decodes meanwhile
+/// read the weights where they were, the staged buffers count in the
+/// model's memory until the commit frees the old ones, and greedy decoding
+/// keeps its tokens across the commit.
+#[test]
+fn a_staged_promotion_copies_while_decoding_goes_on_and_commits_between_two_decodes() {
+    let model = load(false, true);
+    let prompt = prompt(&model);
+    let mut ctx = Context::new(&model, params()).unwrap();
+    let reference = greedy(&mut ctx, &prompt, N_TOKENS, |_, _| {});
+
+    let moved = some_weights(&model);
+    let expected: u64 = moved.iter().map(|n| model.tensor_alloc_size(n, cpu()).unwrap()).sum();
+    let mut cpu_before = 0;
+    let (mut staged_at, mut committed_at) = (None, None);
+    let mut report = None;
+    let tokens = greedy(&mut ctx, &prompt, N_TOKENS, |i, ctx| {
+        if i == 2 {
+            cpu_before = model_bytes(ctx, "CPU");
+            assert_eq!(stage_state(&ctx.context_ref()), StageState::None);
+            stage_weights(ctx.context_ref(), &promotions(&moved)).unwrap();
+            staged_at = Some(i);
+            return;
+        }
+        if staged_at.is_none() || committed_at.is_some() {
+            return;
+        }
+        match stage_state(&ctx.context_ref()) {
+            StageState::Copying { .. } => {}
+            StageState::Ready { staged_bytes, copy } => {
+                assert_eq!(staged_bytes, expected);
+                assert!(copy > std::time::Duration::ZERO);
+                // Staged and old buffers both count until the commit.
+                assert_eq!(model_bytes(ctx, "CPU"), cpu_before + expected);
+                let r = commit_staged(ctx.context_ref(), None).unwrap();
+                assert_eq!(stage_state(&ctx.context_ref()), StageState::None);
+                // The weights point at the staged buffers; their old ones
+                // are freed. (Without the repoint the old buffers would stay
+                // and the model would keep `expected` more.)
+                assert_eq!(model_bytes(ctx, "CPU"), cpu_before);
+                report = Some(r);
+                committed_at = Some(i);
+            }
+            other => panic!("{other:?}"),
+        }
+    });
+    let r = report.expect("the staged copies completed and were committed");
+    assert!(committed_at.unwrap() < N_TOKENS - 2, "{committed_at:?}");
+    assert_eq!(r.moved, moved.len());
+    assert_eq!(r.bytes_to_device, expected);
+    assert!(r.side_copy > std::time::Duration::ZERO && r.elapsed > std::time::Duration::ZERO);
+    assert_eq!(
+        tokens, reference,
+        "tokens across the staged promotion differ from the unmoved run"
+    );
+}
+
+/// A shrink that arrives while a promotion is staged: the demotion
+/// (`migrate_weights`) cancels the stage first and frees its buffers, and
+/// an explicit cancel frees them too; the weights stay where they were and
+/// the tokens are those of a run without it.
+#[test]
+fn a_staged_promotion_is_cancelled_cleanly_by_a_shrink() {
+    let model = load(false, true);
+    let prompt = prompt(&model);
+    let mut ctx = Context::new(&model, params()).unwrap();
+    let reference = greedy(&mut ctx, &prompt, N_TOKENS, |_, _| {});
+
+    let moved = some_weights(&model);
+    let (staged, demoted) = moved.split_at(moved.len() / 2);
+    let mut checked = 0;
+    let tokens = greedy(&mut ctx, &prompt, N_TOKENS, |i, ctx| {
+        if i != 3 && i != 6 {
+            return;
+        }
+        let cpu_before = model_bytes(ctx, "CPU");
+        stage_weights(ctx.context_ref(), &promotions(staged)).unwrap();
+        assert_ne!(stage_state(&ctx.context_ref()), StageState::None);
+        if i == 3 {
+            // The card shrinks: demote other weights.
+            let moves: Vec<WeightMove> = demoted
+                .iter()
+                .map(|n| WeightMove {
+                    tensor: n.clone(),
+                    to: Residence::Host,
+                })
+                .collect();
+            let r = migrate_weights(ctx.context_ref(), &moves).unwrap();
+            assert_eq!(r.moved, demoted.len());
+        } else {
+            cancel_staged(ctx.context_ref());
+            // Cancelling twice is harmless.
+            cancel_staged(ctx.context_ref());
+        }
+        assert_eq!(stage_state(&ctx.context_ref()), StageState::None);
+        assert_eq!(model_bytes(ctx, "CPU"), cpu_before, "the staged buffers were not freed");
+        assert!(matches!(
+            commit_staged(ctx.context_ref(), None),
+            Err(EngineError::NothingStaged)
+        ));
+        checked += 1;
+    });
+    assert_eq!(checked, 2);
+    assert_eq!(tokens, reference);
+}
+
+#[test]
+fn a_bad_stage_is_a_clean_error_and_stages_nothing() {
+    let model = load(false, true);
+    let mut ctx = Context::new(&model, params()).unwrap();
+    let names = some_weights(&model);
+    let err = stage_weights(ctx.context_ref(), &promotions(&["blk.0.nope.weight".to_string()])).unwrap_err();
+    assert!(matches!(err, EngineError::UnknownWeight { .. }), "{err}");
+    let twice = vec![names[0].clone(), names[0].clone()];
+    let err = stage_weights(ctx.context_ref(), &promotions(&twice)).unwrap_err();
+    assert!(err.to_string().contains("listed twice"), "{err}");
+    let to_host = [WeightMove {
+        tensor: names[0].clone(),
+        to: Residence::Host,
+    }];
+    assert!(stage_weights(ctx.context_ref(), &to_host).is_err());
+    assert!(stage_weights_to(ctx.context_ref(), &[]).is_err());
+    assert_eq!(stage_state(&ctx.context_ref()), StageState::None);
+
+    stage_weights(ctx.context_ref(), &promotions(&names[..2])).unwrap();
+    let err = stage_weights(ctx.context_ref(), &promotions(&names[2..4])).unwrap_err();
+    assert!(err.to_string().contains("staged already"), "{err}");
+    // The model is freed with its stage (the drop order: context, model).
 }

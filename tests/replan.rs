@@ -24,7 +24,8 @@ use std::time::Duration;
 use pipeshard::engine::{MigrationReport, Offload, OffloadQuery, OpKind, Residence};
 use pipeshard::gguf::ModelInfo;
 use pipeshard::launch::live::{
-    hysteresis, moves, CardSample, Follower, Hooks, MigrationFailure, Move, ReplanBasis, TraceSource,
+    hysteresis, moves, CardSample, Follower, Hooks, LiveEngine, MigrationFailure, Move, ReplanBasis, Slots, Staged,
+    TraceSource,
 };
 use pipeshard::plan::{self, Exec, Plan, PlanRequest, PolicySwitch};
 use pipeshard::profile::MachineProfile;
@@ -78,6 +79,7 @@ impl Recorder {
             device_bytes_freed: freed,
             to_home: 0,
             elapsed: Duration::from_millis(5),
+            side_copy: Duration::ZERO,
         })
     }
 }
@@ -399,7 +401,10 @@ fn tokens_stay_identical_across_a_live_demotion_in_exact_mode() {
         // The card shrinks after 8 tokens: the next two samples decide, and
         // the move happens before the next decode.
         if step >= 8 {
-            f.step(t, Some(card(plan0.vram.total - 16 * MIB, None)));
+            // The process holds 1 GiB more than its plan (as NVML would
+            // say): far enough above the smallest plan that moving to it
+            // frees memory that counts.
+            f.step(t, Some(card(plan0.vram.total - 16 * MIB, Some(plan0.vram.total + GIB))));
             t += hysteresis::SAMPLE_EVERY;
         }
         if let Some(r) = f.apply_pending(|moves, slots| live::migrate(ctx.context_ref(), moves, slots)) {
@@ -507,4 +512,279 @@ fn below_the_smallest_plan_with_the_launchs_slots_the_slots_shrink() {
     assert_eq!(*slots_seen.lock().unwrap(), vec![Some(2), Some(4)]);
     assert!(!f.stats().unfit);
     assert_eq!(f.in_force().stream_slots, 4);
+}
+
+/// Stands in for the engine on the server's path
+/// ([`Follower::between_batches`]): records each call, stages promotions
+/// until told their copies are complete.
+#[derive(Default)]
+struct SideEngine {
+    calls: Vec<String>,
+    staged: Option<Vec<Move>>,
+    ready: bool,
+}
+
+impl LiveEngine for SideEngine {
+    fn migrate(&mut self, moves: &[Move], _: Option<Slots>) -> Result<MigrationReport, MigrationFailure> {
+        assert!(self.staged.is_none(), "a migration while a promotion is staged");
+        self.calls.push(format!("migrate {}", moves.len()));
+        Recorder::default().migrate(moves)
+    }
+
+    fn stage(&mut self, moves: &[Move]) -> Result<(), MigrationFailure> {
+        assert!(self.staged.is_none(), "staged twice");
+        assert!(moves.iter().all(|m| m.to == Residence::Device), "{moves:?}");
+        self.calls.push(format!("stage {}", moves.len()));
+        self.staged = Some(moves.to_vec());
+        self.ready = false;
+        Ok(())
+    }
+
+    fn staged(&mut self) -> Staged {
+        assert!(self.staged.is_some());
+        if self.ready {
+            Staged::Ready
+        } else {
+            Staged::Copying
+        }
+    }
+
+    fn cancel(&mut self) {
+        self.calls.push("cancel".into());
+        self.staged = None;
+    }
+
+    fn commit(&mut self, _: Option<Slots>) -> Result<MigrationReport, MigrationFailure> {
+        let moves = self.staged.take().expect("a staged promotion");
+        self.calls.push(format!("commit {}", moves.len()));
+        Ok(MigrationReport {
+            moved: moves.len(),
+            bytes_to_device: moves::device_bytes(&moves).1,
+            elapsed: Duration::from_millis(4),
+            side_copy: Duration::from_millis(120),
+            ..Default::default()
+        })
+    }
+}
+
+fn run_side(f: &Follower, e: &mut SideEngine, t: &mut Duration, secs: f64, allowance: u64) {
+    let end = *t + Duration::from_secs_f64(secs);
+    while *t < end {
+        f.step(*t, Some(card(allowance, None)));
+        f.between_batches(e);
+        *t += hysteresis::SAMPLE_EVERY;
+    }
+}
+
+/// On the server's path a growing allowance stages the promotion: the plan
+/// before stays in force (its weights are still on the host) while the
+/// copies go on, and the new plan goes in force when they are complete,
+/// with its copy time and its pause apart in the metrics. A shrink that
+/// comes while a promotion is staged cancels it before anything is
+/// demoted.
+#[test]
+fn a_promotion_is_staged_and_a_shrink_cancels_it_before_demoting() {
+    let (plan0, basis) = launched(8 * GIB, false);
+    let f = Follower::new(basis, plan0.clone(), 8 * GIB, Some(HEADROOM), Hooks::default());
+    let mut e = SideEngine::default();
+    let mut t = Duration::ZERO;
+
+    // Down to 6 GiB: demoted at once.
+    run_side(&f, &mut e, &mut t, 1.0, 6 * GIB);
+    assert_eq!(e.calls.len(), 1, "{:?}", e.calls);
+    assert!(e.calls[0].starts_with("migrate"), "{:?}", e.calls);
+    let at6 = f.in_force();
+
+    // Back up to 8 GiB: staged, and the 6 GiB plan stays in force while
+    // the copies go on.
+    run_side(&f, &mut e, &mut t, 5.0, 8 * GIB);
+    assert_eq!(e.calls.len(), 2, "{:?}", e.calls);
+    assert!(e.calls[1].starts_with("stage"), "{:?}", e.calls);
+    let staged = f.staged().expect("a staged promotion");
+    assert!(resident(&staged.replanned.plan).len() > resident(&at6).len());
+    assert_eq!(resident(&f.in_force()), resident(&at6));
+    assert!(f.stats().staging);
+    assert_eq!(f.stats().replans, 1);
+
+    // Down to 5 GiB before the copies complete: the stage is cancelled
+    // (its device memory freed), then the weights are demoted from the
+    // plan in force.
+    run_side(&f, &mut e, &mut t, 1.0, 5 * GIB);
+    assert_eq!(e.calls.len(), 4, "{:?}", e.calls);
+    assert_eq!(e.calls[2], "cancel");
+    assert!(e.calls[3].starts_with("migrate"), "{:?}", e.calls);
+    assert!(f.staged().is_none());
+    let s = f.stats();
+    assert_eq!((s.promotions_cancelled, s.promotions, s.replans), (1, 0, 2));
+    assert!(!s.staging);
+    assert!(resident(&f.in_force()).len() < resident(&at6).len());
+
+    // Up again (the flap doubled the hold): staged, then committed once
+    // the copies are complete.
+    run_side(&f, &mut e, &mut t, 8.0, 8 * GIB);
+    assert_eq!(e.calls.len(), 5, "{:?}", e.calls);
+    assert!(e.calls[4].starts_with("stage"), "{:?}", e.calls);
+    let staged = f.staged().unwrap().replanned.plan;
+    e.ready = true;
+    run_side(&f, &mut e, &mut t, 0.2, 8 * GIB);
+    assert_eq!(e.calls.len(), 6, "{:?}", e.calls);
+    assert!(e.calls[5].starts_with("commit"), "{:?}", e.calls);
+    assert_eq!(resident(&f.in_force()), resident(&staged));
+    let s = f.stats();
+    assert_eq!((s.promotions, s.replans, s.failures), (1, 3, 0));
+    assert!(!s.staging);
+    assert!((s.last_promotion_copy_s - 0.120).abs() < 1e-9, "{s:?}");
+    assert!((s.last_promotion_pause_s - 0.004).abs() < 1e-9, "{s:?}");
+    assert!(
+        (s.last_migration_s - 0.004).abs() < 1e-9,
+        "the pause is the migration's time: {s:?}"
+    );
+}
+
+/// An allowance that comes back to the plan in force while its promotion
+/// is staged cancels the stage and moves nothing.
+#[test]
+fn a_staged_promotion_no_longer_needed_is_cancelled() {
+    let (plan0, basis) = launched(8 * GIB, false);
+    let f = Follower::new(basis, plan0.clone(), 8 * GIB, Some(HEADROOM), Hooks::default());
+    let mut e = SideEngine::default();
+    let mut t = Duration::ZERO;
+    run_side(&f, &mut e, &mut t, 1.0, 6 * GIB);
+    let at6 = f.in_force();
+    // Staged, and the copies are slow: past the shrink's retry time.
+    run_side(&f, &mut e, &mut t, 11.0, 9 * GIB);
+    assert!(f.staged().is_some(), "{:?}", e.calls);
+    // The 6 GiB plan's own allowance: the re-plan is the plan in force.
+    run_side(&f, &mut e, &mut t, 1.0, at6.vram.budget + hysteresis::SLACK);
+    assert_eq!(e.calls.last().map(String::as_str), Some("cancel"), "{:?}", e.calls);
+    assert!(f.staged().is_none());
+    assert_eq!(resident(&f.in_force()), resident(&at6));
+    assert_eq!(f.stats().promotions_cancelled, 1);
+}
+
+/// The server's path with the real engine (patch 0026; without a GPU the
+/// device is the CPU's buffer type): launched at the smallest plan, the
+/// card grows, the follower stages every weight's promotion while greedy
+/// generation goes on, commits it between two decodes, and the tokens are
+/// those of a generation without it.
+#[test]
+fn tokens_stay_identical_across_a_staged_promotion() {
+    use pipeshard::engine::{self, Context, ContextParams, Model, ModelParams, SamplingParams};
+    use pipeshard::generate::{generate, generate_between, GenerateRequest};
+    use pipeshard::launch::live::EngineMoves;
+
+    let path = common::default_model_path();
+    engine::init(None).unwrap();
+    let (_, info) = pipeshard::gguf::inspect(&path).unwrap();
+    let profile = fixture();
+    let n_ctx = 512;
+    let mut req = PlanRequest::new(0, n_ctx);
+    req.exact = true;
+    let minimum = match plan::make_plan(&info, &profile, &req) {
+        Err(plan::PlanError::BudgetTooSmall { minimum, .. }) => minimum,
+        other => panic!("{other:?}"),
+    };
+    // Launched at the smallest plan (every weight on the host); then the
+    // card leaves room for every weight.
+    req.budget = minimum;
+    let plan0 = plan::make_plan(&info, &profile, &req).unwrap();
+    let basis = ReplanBasis::new(info, profile, req, &plan0);
+    let f = Follower::new(
+        basis,
+        plan0.clone(),
+        plan0.vram.budget,
+        Some(HEADROOM),
+        Hooks::default(),
+    );
+
+    let model = Model::load(
+        &path,
+        ModelParams {
+            n_gpu_layers: 0,
+            use_mmap: false,
+            movable_weights: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let cp = ContextParams {
+        n_ctx: n_ctx as u32,
+        ..Default::default()
+    };
+    let prompt = model.tokenize("The three primary colours are", true, false).unwrap();
+    let gen = GenerateRequest::new(prompt, 24, SamplingParams::greedy());
+    let reference = {
+        let mut ctx = Context::new(&model, cp.clone()).unwrap();
+        generate(&mut ctx, &gen, |_| true).unwrap().tokens
+    };
+
+    let mut ctx = Context::new(&model, cp).unwrap();
+    let mut step = 0;
+    let mut t = Duration::ZERO;
+    let mut staged_at = None;
+    let mut applied = Vec::new();
+    let out = generate_between(&mut ctx, &gen, |_| true, &mut |ctx| {
+        step += 1;
+        // The card grows after 4 tokens; 20 samples per token, so that the
+        // grow hold passes within a few tokens.
+        if (4..12).contains(&step) {
+            for _ in 0..20 {
+                f.step(t, Some(card(plan0.vram.total + 2 * GIB, None)));
+                t += hysteresis::SAMPLE_EVERY;
+            }
+        }
+        let r = f.between_batches(&mut EngineMoves { ctx: ctx.context_ref() });
+        if staged_at.is_none() && f.staged().is_some() {
+            staged_at = Some(step);
+        }
+        if let Some(r) = r {
+            applied.push((step, r));
+        }
+    })
+    .unwrap();
+    let staged_at = staged_at.expect("the promotion was staged");
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    let (at, result) = &applied[0];
+    let m = result.as_ref().expect("the engine committed the promotion");
+    assert!(*at > staged_at && *at < 24, "staged at {staged_at}, committed at {at}");
+    let promoted = resident(&f.in_force()).len() - resident(&plan0).len();
+    assert!(promoted > 0 && m.moved == promoted, "{m:?}");
+    assert!(m.bytes_to_device > 0 && m.bytes_to_host == 0, "{m:?}");
+    let s = f.stats();
+    assert_eq!((s.replans, s.promotions, s.failures), (1, 1, 0));
+    assert!(s.last_promotion_copy_s > 0.0 && s.last_promotion_pause_s > 0.0, "{s:?}");
+    assert_eq!(out.tokens, reference, "the tokens changed across the staged promotion");
+}
+
+/// Below the smallest plan with a plan in force that is already within the
+/// slack of it, nothing moves: what a migration would free, the other
+/// program takes at once, and the compute reservation for the new placement
+/// could then fail every request (s11 on the H200: the smallest plan with
+/// two slots instead of three). The log and the metrics say unfit.
+#[test]
+fn below_the_smallest_plan_a_plan_in_force_near_it_stays() {
+    let (plan0, basis) = launched(8 * GIB, false);
+    let smallest = basis.plan(0).unwrap();
+    assert!(!smallest.fits);
+    let near = smallest.plan.vram.total + 240 * MIB;
+    let f = Follower::new(basis.clone(), plan0, 8 * GIB, Some(HEADROOM), Hooks::default());
+    let rec = Recorder::default();
+    let mut t = Duration::ZERO;
+    // Down to a plan that fits just above the smallest.
+    run(&f, &rec, &mut t, 1.0, |_| card(near + hysteresis::SLACK, None));
+    assert_eq!(rec.0.lock().unwrap().len(), 1);
+    let in_force = f.in_force();
+    assert!(in_force.vram.total <= near && in_force.vram.total > smallest.plan.vram.total);
+    assert_ne!(
+        (resident(&in_force), in_force.stream_slots),
+        (resident(&smallest.plan), smallest.plan.stream_slots)
+    );
+    // Then below the smallest plan: it stays, and says so.
+    run(&f, &rec, &mut t, 12.0, |_| card(256 * MIB, None));
+    assert_eq!(rec.0.lock().unwrap().len(), 1, "a migration below the smallest plan");
+    assert!(f.pending().is_none());
+    assert_eq!(resident(&f.in_force()), resident(&in_force));
+    let s = f.stats();
+    assert!(s.unfit);
+    assert!(pipeshard::server_hook::live_metrics(&s).contains("pipeshard_plan_unfit 1\n"));
 }

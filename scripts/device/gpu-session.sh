@@ -1483,7 +1483,8 @@ s10live() {
     for b in $(python3 -c 'import json,sys
 seen = []
 for p in json.load(open(sys.argv[1]))["phases"]:
-    b = p["budget_gib"]
+    # below the smallest plan, the smallest plan (its total) is what serves
+    b = p["budget_gib"] and max(p["budget_gib"], p["plan_total_gib"] + 0.0625)
     if b and all(abs(b - x) > 0.5 for x in seen):
         seen.append(b)
         print(int(b * 2**30))' "$RES/live.summary.json"); do
@@ -1503,7 +1504,7 @@ for p in json.load(open(sys.argv[1]))["phases"]:
             cl=$!
             sleep "${LIVE_FRESH_S:-12}"; touch "$stop"; wait $cl || true
             python3 -c 'import json,sys
-r=[json.loads(l) for l in open(sys.argv[1])]; s=[x["predicted_per_second"] for x in r[4:] if x["ok"]] or [x["predicted_per_second"] for x in r if x["ok"]]
+r=[json.loads(l) for l in open(sys.argv[1])]; r=[x for x in r if not x.get("probe")]; s=[x["predicted_per_second"] for x in r[4:] if x["ok"]] or [x["predicted_per_second"] for x in r if x["ok"]]
 print("fresh at %s bytes: %d requests, decode %.1f tok/s each (mean)" % (sys.argv[2], len(r), sum(s)/max(len(s),1)))' "$RES/live-fresh-$b.requests" "$b" | tee -a "$RES/live.fresh"
         else
             tail -5 "$RES/live-fresh-$b.log"

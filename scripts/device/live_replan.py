@@ -161,6 +161,9 @@ def summary(res):
             "longest_over_allowance_s": round(longest, 2),
             "samples_over_after_1s": len(over), "samples_after_1s": len(settled),
             "budget_gib": round(settled[-1]["budget"] / GIB, 3) if settled else None,
+            # the plan in force's total: over the budget when even the
+            # smallest plan does not fit (a fresh start is measured there)
+            "plan_total_gib": round(settled[-1]["plan_total"] / GIB, 3) if settled else None,
             "requests_in_phase": len(speeds),
             "decode_tok_s_each_mean": round(sum(speeds) / len(speeds), 1) if speeds else None,
             "failed_in_phase": sum(1 for r in reqs if not r["ok"] and start <= r["t1"] < end),

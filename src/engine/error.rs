@@ -64,6 +64,10 @@ pub enum EngineError {
          move more weights off the device (or use fewer streaming slots) before the next decode"
     )]
     ComputeReserve { moved: usize },
+    #[error("staging the weight {name} failed: {reason}")]
+    WeightStage { name: String, reason: String },
+    #[error("no weights are staged")]
+    NothingStaged,
     #[error("{0}")]
     InvalidArgument(String),
 }

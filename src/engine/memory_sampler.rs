@@ -50,6 +50,42 @@ pub fn current_rss() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
+/// Bytes the C allocator has handed out and not had back, over all its
+/// arenas (glibc's `mallinfo2`): what the CPU backend's buffers take,
+/// among the process's other allocations. None where it cannot tell.
+pub fn heap_in_use() -> Option<u64> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        #[repr(C)]
+        struct Mallinfo2 {
+            arena: usize,
+            ordblks: usize,
+            smblks: usize,
+            hblks: usize,
+            hblkhd: usize,
+            usmblks: usize,
+            fsmblks: usize,
+            uordblks: usize,
+            fordblks: usize,
+            keepcost: usize,
+        }
+        extern "C" {
+            fn mallinfo2() -> Mallinfo2;
+        }
+        // SAFETY: glibc's mallinfo2 takes no arguments and returns the
+        // struct above by value.
+        let m = unsafe { mallinfo2() };
+        let _ = (
+            m.arena, m.ordblks, m.smblks, m.hblks, m.usmblks, m.fsmblks, m.fordblks, m.keepcost,
+        );
+        Some((m.uordblks + m.hblkhd) as u64)
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        None
+    }
+}
+
 /// The peaks a [`MemorySampler`] saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MemoryPeaks {

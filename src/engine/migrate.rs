@@ -53,8 +53,14 @@ pub struct MigrationReport {
     /// when promoted): no allocation, no copy.
     pub to_home: usize,
     /// Wall time of the whole call: waiting for queued work, the copies, and
-    /// reserving the compute buffers again.
+    /// reserving the compute buffers again. For a staged promotion
+    /// ([`commit_staged`]) the pause between two decodes: waiting for queued
+    /// work, repointing the weights, freeing, reserving.
     pub elapsed: Duration,
+    /// For a staged promotion, the time its copies took on the side from
+    /// [`stage_weights`] until the last one completed, while decoding went
+    /// on; zero for a migration that copies within [`Self::elapsed`].
+    pub side_copy: Duration,
 }
 
 /// A borrowed live `llama_context`, through which its model's weights can be
@@ -158,6 +164,208 @@ pub fn residence_buffer_types() -> Result<(BufferType, BufferType)> {
             None => (cpu, cpu),
         },
     )
+}
+
+/// The progress of weights staged by [`stage_weights`] (patch 0026).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StageState {
+    /// No weights are staged.
+    None,
+    /// The copies go on.
+    Copying {
+        /// Bytes of the new buffers allocated so far.
+        staged_bytes: u64,
+        /// Since staging started.
+        elapsed: Duration,
+    },
+    /// Every copy is complete: [`commit_staged`] between two decodes.
+    Ready {
+        /// Bytes of the new buffers.
+        staged_bytes: u64,
+        /// From the start of staging until the last copy completed.
+        copy: Duration,
+    },
+    /// Allocating a new buffer failed (the device's memory was taken
+    /// meanwhile): [`cancel_staged`] frees what was allocated.
+    Failed {
+        /// Bytes of the new buffers allocated before the failure.
+        staged_bytes: u64,
+    },
+}
+
+/// The weights to stage and their destinations: the device buffer type for
+/// each [`Residence::Device`] move (the first GPU's; the CPU's without one).
+fn destinations(moves: &[WeightMove]) -> Result<Vec<(&str, BufferType)>> {
+    let (device, _) = residence_buffer_types()?;
+    moves
+        .iter()
+        .map(|m| match m.to {
+            Residence::Device => Ok((m.tensor.as_str(), device)),
+            Residence::Host => Err(EngineError::WeightStage {
+                name: m.tensor.clone(),
+                reason: "only promotions to the device are staged; a move to host memory needs no copy".into(),
+            }),
+        })
+        .collect()
+}
+
+/// Start promoting weights to the device while decoding goes on (patch
+/// 0026): a thread of llama.cpp's allocates each weight's new device buffer
+/// and copies it there from its host memory (on CUDA, on a stream of its
+/// own), while the weights stay where they are, so that every decode until
+/// [`commit_staged`] reads them from host memory as the plan in force says.
+/// The staged buffers count in the process's device memory from their
+/// allocation on. Every move must go to [`Residence::Device`] and every
+/// weight be in host memory; one stage at a time. A later
+/// [`migrate_weights`] cancels the stage first.
+pub fn stage_weights(ctx: ContextRef<'_>, moves: &[WeightMove]) -> Result<()> {
+    let targets = destinations(moves)?;
+    stage_weights_to(ctx, &targets)
+}
+
+/// [`stage_weights`] with an explicit destination buffer type per weight.
+pub fn stage_weights_to(ctx: ContextRef<'_>, moves: &[(&str, BufferType)]) -> Result<()> {
+    if moves.is_empty() {
+        return Err(EngineError::InvalidArgument("no weights to stage".into()));
+    }
+    if stage_state(&ctx) != StageState::None {
+        return Err(EngineError::WeightStage {
+            name: moves[0].0.to_string(),
+            reason: "weights are staged already".into(),
+        });
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (name, to) in moves {
+        let Some(now) = ctx.weight_buffer_type(name) else {
+            return Err(EngineError::UnknownWeight { name: name.to_string() });
+        };
+        let reason = if !seen.insert(*name) {
+            Some("it is listed twice".to_string())
+        } else if !now.is_host() {
+            Some("it is not in host memory".to_string())
+        } else if !(to.is_host() || device_buffer_types_of(*to)) {
+            Some(format!("{} is not a buffer type a weight can be moved into", to.name()))
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err(EngineError::WeightStage {
+                name: name.to_string(),
+                reason,
+            });
+        }
+    }
+    let names: Vec<CString> = moves
+        .iter()
+        .map(|(n, _)| CString::new(*n).map_err(|_| EngineError::NulInText))
+        .collect::<Result<_>>()?;
+    let name_ptrs: Vec<*const std::ffi::c_char> = names.iter().map(|n| n.as_ptr()).collect();
+    let dst: Vec<ffi::ggml_backend_buffer_type_t> = moves.iter().map(|(_, b)| b.0).collect();
+    // SAFETY: the arrays hold moves.len() elements each and live across the
+    // call (llama.cpp copies what it keeps); the model is live and outlives
+    // its stage (freeing the model cancels it); this runs between two
+    // decodes, in the thread that decodes.
+    let rc = unsafe {
+        ffi::llama_stage_tensors(
+            ctx.model() as *mut ffi::llama_model,
+            name_ptrs.as_ptr(),
+            dst.as_ptr(),
+            moves.len(),
+        )
+    };
+    if rc != 0 {
+        return Err(EngineError::WeightStage {
+            name: moves[0].0.to_string(),
+            reason: "llama.cpp refused the stage (see its log)".into(),
+        });
+    }
+    tracing::debug!(weights = moves.len(), "staging weights on the side");
+    Ok(())
+}
+
+/// The progress of the model's staged weights.
+pub fn stage_state(ctx: &ContextRef<'_>) -> StageState {
+    let mut stats = ffi::llama_tensor_stage_stats::default();
+    // SAFETY: a live model; the stats are written only.
+    let rc = unsafe { ffi::llama_model_stage_status(ctx.model(), &mut stats) };
+    let staged_bytes = stats.size_staged as u64;
+    let us = |v: i64| Duration::from_micros(v.max(0) as u64);
+    match rc {
+        1 => StageState::Copying {
+            staged_bytes,
+            elapsed: us(stats.t_copy_us),
+        },
+        0 => StageState::Ready {
+            staged_bytes,
+            copy: us(stats.t_copy_us),
+        },
+        -2 => StageState::Failed { staged_bytes },
+        _ => StageState::None,
+    }
+}
+
+/// Stop staging and free every staged buffer; the weights stay where they
+/// are. Does nothing when no weights are staged.
+pub fn cancel_staged(ctx: ContextRef<'_>) {
+    // SAFETY: a live model, between two decodes, in the thread that decodes.
+    unsafe { ffi::llama_model_stage_cancel(ctx.model() as *mut ffi::llama_model) };
+}
+
+/// Between two decodes: change the streaming slots first (when given),
+/// wait for the staged copies to complete, point each staged weight at its
+/// new device buffer, free what no weight is left in, and reserve the
+/// compute buffers for the new placement. The report's `elapsed` is the
+/// pause (decoding waits for it), `side_copy` the copies' time on the side.
+/// When an allocation failed, nothing moved and the stage is freed.
+pub fn commit_staged(mut ctx: ContextRef<'_>, slots: Option<(u32, u32)>) -> Result<MigrationReport> {
+    let start = Instant::now();
+    let (staged_bytes, copy, ready) = match stage_state(&ctx) {
+        StageState::None => return Err(EngineError::NothingStaged),
+        StageState::Copying { staged_bytes, elapsed } => (staged_bytes, elapsed, false),
+        StageState::Failed { staged_bytes } => (staged_bytes, Duration::ZERO, false),
+        StageState::Ready { staged_bytes, copy } => (staged_bytes, copy, true),
+    };
+    if let Some((n, routed_max)) = slots {
+        ctx.set_stream_slots(n, routed_max);
+    }
+    let mut stats = ffi::llama_tensor_move_stats::default();
+    // SAFETY: a live context, used by nobody else during the call, between
+    // two decodes.
+    let rc = unsafe { ffi::llama_commit_tensors(ctx.ptr.as_ptr(), &mut stats) };
+    if rc != 0 {
+        return Err(EngineError::WeightAlloc {
+            name: "(staged)".into(),
+            buffer_type: "the device".into(),
+            bytes: staged_bytes,
+            done: 0,
+        });
+    }
+    // Committed while copying: the rest of the copies was waited for.
+    let copy = if ready { copy } else { copy + start.elapsed() };
+    let moved_in = start.elapsed();
+    // SAFETY: as above.
+    let reserved = unsafe { ffi::llama_reserve_compute(ctx.ptr.as_ptr()) };
+    let report = MigrationReport {
+        moved: stats.n_moved,
+        bytes_to_host: 0,
+        bytes_to_device: staged_bytes,
+        device_bytes_freed: stats.size_freed_dev as u64,
+        to_home: stats.n_home,
+        elapsed: start.elapsed(),
+        side_copy: copy,
+    };
+    if !reserved {
+        return Err(EngineError::ComputeReserve { moved: report.moved });
+    }
+    tracing::info!(
+        moved = report.moved,
+        to_device_mib = staged_bytes as f64 / (1u64 << 20) as f64,
+        copy_ms = copy.as_secs_f64() * 1e3,
+        pause_ms = report.elapsed.as_secs_f64() * 1e3,
+        reserve_ms = (report.elapsed - moved_in).as_secs_f64() * 1e3,
+        "committed staged weights"
+    );
+    Ok(report)
 }
 
 /// Move weights between device and host memory, between two decodes.

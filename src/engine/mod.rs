@@ -39,10 +39,10 @@ pub use fit::{fit_params, Fitted};
 pub use memory::{
     buffer_types, device_buffer_types, dry_run_device_bytes, weight_bytes_streamed, BufferType, MemoryBreakdown,
 };
-pub use memory_sampler::{current_rss, process_device_bytes, MemoryPeaks, MemorySampler, MemorySource};
+pub use memory_sampler::{current_rss, heap_in_use, process_device_bytes, MemoryPeaks, MemorySampler, MemorySource};
 pub use migrate::{
-    migrate_weights, migrate_weights_to, move_weights, residence_buffer_types, ContextRef, MigrationReport, Residence,
-    WeightMove,
+    cancel_staged, commit_staged, migrate_weights, migrate_weights_to, move_weights, residence_buffer_types,
+    stage_state, stage_weights, stage_weights_to, ContextRef, MigrationReport, Residence, StageState, WeightMove,
 };
 pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
 pub use placement::{

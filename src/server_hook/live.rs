@@ -61,11 +61,13 @@ pub fn start(basis: ReplanBasis, plan: &Plan, budget: u64, headroom: Option<u64>
     }
 }
 
-/// The server loop's hook: apply a posted re-plan between two batches,
-/// moving the weights with the engine (patch 0023).
+/// The server loop's hook, between two batches: apply a posted re-plan,
+/// moving the weights with the engine (patch 0023); a promotion is copied
+/// on the side while serving goes on and committed here once its copies
+/// are complete (patch 0026).
 pub fn on_loop(ctx: ContextRef<'_>) {
     let Some(f) = follower() else {
         return;
     };
-    f.apply_pending(|moves, slots| live::migrate(ctx, moves, slots));
+    f.between_batches(&mut live::EngineMoves { ctx });
 }

@@ -171,7 +171,7 @@ pub fn live_metrics(s: &crate::launch::live::Snapshot) -> String {
     row(
         "pipeshard_migration_last_seconds",
         "gauge",
-        "Seconds the last migration of weights took.",
+        "Seconds the last migration of weights paused serving (for a promotion copied on the side, its pause).",
         format!("{:.6}", s.last_migration_s),
     );
     row(
@@ -179,6 +179,48 @@ pub fn live_metrics(s: &crate::launch::live::Snapshot) -> String {
         "counter",
         "Seconds all migrations of weights took.",
         format!("{:.6}", s.total_migration_s),
+    );
+    row(
+        "pipeshard_promotion_staging",
+        "gauge",
+        "1 while a promotion's copies to the GPU run on the side (serving goes on under the plan in force).",
+        (s.staging as u8).to_string(),
+    );
+    row(
+        "pipeshard_promotions_total",
+        "counter",
+        "Promotions copied to the GPU on the side and committed between two batches.",
+        s.promotions.to_string(),
+    );
+    row(
+        "pipeshard_promotions_cancelled_total",
+        "counter",
+        "Staged promotions cancelled (their device memory freed) because the card changed again.",
+        s.promotions_cancelled.to_string(),
+    );
+    row(
+        "pipeshard_promotion_copy_last_seconds",
+        "gauge",
+        "Seconds the last promotion's copies took on the side, while serving went on.",
+        format!("{:.6}", s.last_promotion_copy_s),
+    );
+    row(
+        "pipeshard_promotion_pause_last_seconds",
+        "gauge",
+        "Seconds the last promotion paused serving between two batches (repointing the weights, reserving compute).",
+        format!("{:.6}", s.last_promotion_pause_s),
+    );
+    row(
+        "pipeshard_promotion_copy_seconds_total",
+        "counter",
+        "Seconds all promotions' copies took on the side.",
+        format!("{:.6}", s.total_promotion_copy_s),
+    );
+    row(
+        "pipeshard_promotion_pause_seconds_total",
+        "counter",
+        "Seconds all promotions paused serving.",
+        format!("{:.6}", s.total_promotion_pause_s),
     );
     let name = "pipeshard_migrated_bytes_total";
     let _ = writeln!(

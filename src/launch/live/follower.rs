@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::hysteresis::{Decision, Hysteresis, SAMPLE_EVERY};
+use super::hysteresis::{Decision, Hysteresis, SAMPLE_EVERY, SLACK};
 use super::moves::{device_bytes, diff, Move};
 use super::replan::{ReplanBasis, Replanned};
 use super::source::{CardSample, FreeMemorySource};
@@ -68,6 +68,39 @@ pub struct Pending {
     pub decided: Instant,
 }
 
+/// The progress of a promotion staged on the side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Staged {
+    /// The copies go on: serve on under the plan in force.
+    Copying,
+    /// Every copy is complete: commit.
+    Ready,
+    /// The copies cannot be completed (e.g. an allocation failed).
+    Failed(String),
+}
+
+/// What the model's thread does with the engine between two batches
+/// ([`Follower::between_batches`]): a re-plan that demotes moves at once;
+/// one that only promotes is staged (its copies run on the side while
+/// serving goes on under the plan in force, whose decisions stay valid
+/// because the weights are still on the host) and committed once its
+/// copies are complete.
+pub trait LiveEngine {
+    /// Move the weights now, the streaming slots first when given (as
+    /// [`Follower::apply_pending`]'s `migrate`).
+    fn migrate(&mut self, moves: &[Move], slots: Option<Slots>) -> Result<MigrationReport, MigrationFailure>;
+    /// Start copying promotions to the device on the side.
+    fn stage(&mut self, moves: &[Move]) -> Result<(), MigrationFailure>;
+    /// How the staged copies are doing.
+    fn staged(&mut self) -> Staged;
+    /// Free the staged copies; the weights stay where they are.
+    fn cancel(&mut self);
+    /// Point the staged weights at their copies, with the streaming slots
+    /// changed first when given; the report's `elapsed` is the pause and
+    /// its `side_copy` the copies' time.
+    fn commit(&mut self, slots: Option<Slots>) -> Result<MigrationReport, MigrationFailure>;
+}
+
 /// Called when a plan is in force, with the budget it was made for.
 pub type SwitchedHook = Box<dyn Fn(&Plan, u64) + Send + Sync>;
 
@@ -96,6 +129,8 @@ struct Shared {
     hysteresis: Mutex<Hysteresis>,
     in_force: Mutex<Plan>,
     pending: Mutex<Option<Pending>>,
+    /// A promotion whose copies run on the side ([`Follower::between_batches`]).
+    staged: Mutex<Option<Pending>>,
     stats: Stats,
     hooks: Hooks,
     record: Mutex<Option<(std::fs::File, Instant)>>,
@@ -125,6 +160,7 @@ impl Follower {
                 hysteresis: Mutex::new(Hysteresis::new(budget)),
                 in_force: Mutex::new(plan),
                 pending: Mutex::new(None),
+                staged: Mutex::new(None),
                 stats,
                 hooks,
                 record: Mutex::new(None),
@@ -187,6 +223,11 @@ impl Follower {
         lock(&self.shared.pending).clone()
     }
 
+    /// The promotion being copied on the side, if any.
+    pub fn staged(&self) -> Option<Pending> {
+        lock(&self.shared.staged).clone()
+    }
+
     /// The plan in force.
     pub fn in_force(&self) -> Plan {
         lock(&self.shared.in_force).clone()
@@ -207,27 +248,125 @@ impl Follower {
         migrate: impl FnOnce(&[Move], Option<Slots>) -> Result<MigrationReport, MigrationFailure>,
     ) -> Option<Result<MigrationReport, MigrationFailure>> {
         let p = lock(&self.shared.pending).take()?;
-        let s = &self.shared;
         let result = migrate(&p.moves, p.slots);
+        self.finish(&p, &result);
+        Some(result)
+    }
+
+    /// In the model's thread, between two batches: as
+    /// [`Follower::apply_pending`], except that a re-plan that only promotes
+    /// is staged: `engine` copies its weights on the side while serving
+    /// goes on under the plan in force, and a later call commits it once
+    /// the copies are complete (the pause is the repointing and the
+    /// reservation). A re-plan posted while a promotion is staged cancels
+    /// it first (its staged memory is freed before anything is demoted).
+    /// Returns what was put in force, or failed (None: nothing was).
+    pub fn between_batches(&self, engine: &mut impl LiveEngine) -> Option<Result<MigrationReport, MigrationFailure>> {
+        let s = &self.shared;
+        let posted = lock(&s.pending).take();
+        let mut staged = lock(&s.staged);
+        if let Some(p) = posted {
+            if let Some(old) = staged.as_ref() {
+                if old.moves == p.moves && old.slots == p.slots {
+                    // The same promotion again: its copies go on.
+                    return None;
+                }
+                let old = staged.take().expect("checked");
+                engine.cancel();
+                s.stats.cancelled();
+                tracing::info!(
+                    "re-plan: cancelled the promotion of {} weights ({}) staged {:.3} s ago: the card changed again",
+                    old.moves.len(),
+                    fmt_bytes(device_bytes(&old.moves).1),
+                    old.decided.elapsed().as_secs_f64()
+                );
+            }
+            if p.moves.is_empty() && p.slots.is_none() {
+                // Posted only to cancel the stage: the plan in force stays.
+                return None;
+            }
+            if p.moves.iter().all(|m| m.to == Residence::Device) {
+                match engine.stage(&p.moves) {
+                    Ok(()) => {
+                        tracing::info!(
+                            "re-plan: copying {} weights ({}) to the GPU on the side while serving goes on",
+                            p.moves.len(),
+                            fmt_bytes(device_bytes(&p.moves).1)
+                        );
+                        s.stats.staging(true);
+                        *staged = Some(p);
+                        return None;
+                    }
+                    Err(e) => {
+                        tracing::warn!("re-plan: staging the promotion failed ({e}): promoting between two batches");
+                        engine.cancel();
+                    }
+                }
+            }
+            drop(staged);
+            let result = engine.migrate(&p.moves, p.slots);
+            self.finish(&p, &result);
+            return Some(result);
+        }
+        staged.as_ref()?;
+        match engine.staged() {
+            Staged::Copying => None,
+            Staged::Ready => {
+                let p = staged.take()?;
+                s.stats.staging(false);
+                let result = engine.commit(p.slots);
+                drop(staged);
+                self.finish(&p, &result);
+                Some(result)
+            }
+            Staged::Failed(message) => {
+                let p = staged.take()?;
+                s.stats.staging(false);
+                engine.cancel();
+                let result = Err(MigrationFailure {
+                    message: format!("copying the promotion on the side failed: {message}"),
+                    all_moved: false,
+                });
+                drop(staged);
+                self.finish(&p, &result);
+                Some(result)
+            }
+        }
+    }
+
+    /// Put `p`'s plan in force after `result`, or keep the plan before.
+    fn finish(&self, p: &Pending, result: &Result<MigrationReport, MigrationFailure>) {
+        let s = &self.shared;
         let plan = &p.replanned.plan;
         let put_in_force = || {
             *lock(&s.in_force) = plan.clone();
             (s.hooks.switched)(plan, p.replanned.budget);
             s.stats.in_force(p.replanned.budget, plan.predicted.decode_tok_s);
         };
-        match &result {
+        match result {
             Ok(m) => {
                 put_in_force();
                 s.stats.migrated(m.elapsed, m.bytes_to_host, m.bytes_to_device);
+                if !m.side_copy.is_zero() {
+                    s.stats.promoted(m.side_copy, m.elapsed);
+                }
                 tracing::info!("re-plan moved: {}", describe(&p.moves, 12));
                 tracing::debug!("re-plan moved, every weight: {}", describe(&p.moves, usize::MAX));
+                let how = if m.side_copy.is_zero() {
+                    format!("in {:.3} s", m.elapsed.as_secs_f64())
+                } else {
+                    format!(
+                        "copied on the side in {:.3} s while serving went on, then a pause of {:.3} s",
+                        m.side_copy.as_secs_f64(),
+                        m.elapsed.as_secs_f64()
+                    )
+                };
                 tracing::info!(
-                    "re-plan in force: moved {} weights ({} to the host, {} to the GPU, {} of device memory freed) in {:.3} s, {:.3} s after the card changed; budget {}, plan {} (weights {}), predicted {:.1} tok/s",
+                    "re-plan in force: moved {} weights ({} to the host, {} to the GPU, {} of device memory freed) {how}, {:.3} s after the card changed; budget {}, plan {} (weights {}), predicted {:.1} tok/s",
                     m.moved,
                     fmt_bytes(m.bytes_to_host),
                     fmt_bytes(m.bytes_to_device),
                     fmt_bytes(m.device_bytes_freed),
-                    m.elapsed.as_secs_f64(),
                     p.decided.elapsed().as_secs_f64(),
                     fmt_bytes(p.replanned.budget),
                     fmt_bytes(plan.vram.total),
@@ -247,7 +386,6 @@ impl Follower {
                 tracing::error!("re-plan: moving the weights failed, the plan before stays in force: {e}");
             }
         }
-        Some(result)
     }
 }
 
@@ -287,9 +425,17 @@ fn step(s: &Shared, now: Duration, sample: Option<CardSample>) {
     // What the process may reach: the plan posted next, or the one in force.
     let (plan_total, in_force_total) = {
         let in_force = lock(&s.in_force).vram.total;
-        let next = lock(&s.pending).as_ref().map(|p| p.replanned.plan.vram.total);
+        let next = lock(&s.pending)
+            .as_ref()
+            .or(lock(&s.staged).as_ref())
+            .map(|p| p.replanned.plan.vram.total);
         (next.unwrap_or(in_force), in_force)
     };
+    if lock(&s.staged).is_some() {
+        // The model's thread commits a promotion once its copies are
+        // complete: let it look even while no request is in flight.
+        (s.hooks.wake)();
+    }
     let own = sample.own.unwrap_or(0);
     if let Some((f, start)) = lock(&s.record).as_mut() {
         let _ = writeln!(
@@ -335,15 +481,46 @@ fn step(s: &Shared, now: Duration, sample: Option<CardSample>) {
     }
     let (moves, slots) = {
         let in_force = lock(&s.in_force);
-        let value = s.basis.value_per_byte(&in_force);
-        let slots = Some(Slots::of(&replanned.plan)).filter(|&n| n != Slots::of(&in_force));
-        (diff(&in_force, &replanned.plan, &value), slots)
+        let held = in_force.vram.total.max(own);
+        if !replanned.fits && held <= replanned.plan.vram.total.saturating_add(SLACK) {
+            // Nothing fits, and the process (its plan, and what NVML says
+            // it holds) is within the slack of the smallest plan: another
+            // program takes whatever a migration would free at once, and
+            // the compute reservation the migration needs for the new
+            // placement (other slots, other splits) could then find no
+            // memory, failing every request. Serve on from it.
+            tracing::warn!(
+                "this process ({}) is within {} of the smallest plan ({}): the plan in force stays",
+                fmt_bytes(held),
+                fmt_bytes(SLACK),
+                fmt_bytes(replanned.plan.vram.total)
+            );
+            (Vec::new(), None)
+        } else {
+            let value = s.basis.value_per_byte(&in_force);
+            let slots = Some(Slots::of(&replanned.plan)).filter(|&n| n != Slots::of(&in_force));
+            (diff(&in_force, &replanned.plan, &value), slots)
+        }
     };
     let mut pending = lock(&s.pending);
     if moves.is_empty() && slots.is_none() {
         // The plan in force is already the plan for this budget.
         if pending.take().is_some() {
             tracing::info!("re-plan: the posted migration is no longer needed");
+        }
+        if lock(&s.staged).is_some() {
+            // Nor is the staged promotion: post nothing to move, which
+            // cancels it.
+            *pending = Some(Pending {
+                replanned,
+                moves,
+                slots,
+                allowance,
+                decided: Instant::now(),
+            });
+            drop(pending);
+            (s.hooks.wake)();
+            return;
         }
         s.stats
             .in_force(replanned.budget, lock(&s.in_force).predicted.decode_tok_s);

@@ -21,8 +21,8 @@ pub mod replan;
 pub mod source;
 pub mod stats;
 
-pub use follower::{Follower, Hooks, MigrationFailure, Pending, Slots};
-pub use migrate::migrate;
+pub use follower::{Follower, Hooks, LiveEngine, MigrationFailure, Pending, Slots, Staged};
+pub use migrate::{migrate, EngineMoves};
 pub use moves::Move;
 pub use replan::{ReplanBasis, Replanned};
 pub use source::{CardSample, FreeMemorySource, NvmlSource, TraceSource, TRACE_ENV};

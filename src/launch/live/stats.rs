@@ -18,6 +18,13 @@ pub struct Stats {
     total_migration_bits: AtomicU64,
     bytes_to_host: AtomicU64,
     bytes_to_device: AtomicU64,
+    staging: AtomicU64,
+    promotions: AtomicU64,
+    cancelled: AtomicU64,
+    last_copy_bits: AtomicU64,
+    last_pause_bits: AtomicU64,
+    total_copy_bits: AtomicU64,
+    total_pause_bits: AtomicU64,
 }
 
 /// A copy of [`Stats`] at one moment.
@@ -43,6 +50,20 @@ pub struct Snapshot {
     pub total_migration_s: f64,
     pub bytes_to_host: u64,
     pub bytes_to_device: u64,
+    /// Whether a promotion's copies run on the side now.
+    pub staging: bool,
+    /// Promotions copied on the side and committed.
+    pub promotions: u64,
+    /// Staged promotions cancelled because the card changed again.
+    pub promotions_cancelled: u64,
+    /// Seconds the last staged promotion's copies took on the side, while
+    /// serving went on.
+    pub last_promotion_copy_s: f64,
+    /// Seconds the last staged promotion paused serving (between two
+    /// batches: repointing the weights, reserving the compute buffers).
+    pub last_promotion_pause_s: f64,
+    pub total_promotion_copy_s: f64,
+    pub total_promotion_pause_s: f64,
 }
 
 impl Stats {
@@ -81,6 +102,24 @@ impl Stats {
         self.bytes_to_device.fetch_add(to_device, Relaxed);
     }
 
+    pub(super) fn staging(&self, on: bool) {
+        self.staging.store(on as u64, Relaxed);
+    }
+
+    pub(super) fn cancelled(&self) {
+        self.cancelled.fetch_add(1, Relaxed);
+        self.staging.store(0, Relaxed);
+    }
+
+    pub(super) fn promoted(&self, copy: Duration, pause: Duration) {
+        self.promotions.fetch_add(1, Relaxed);
+        let add = |a: &AtomicU64, v: f64| a.store((f64::from_bits(a.load(Relaxed)) + v).to_bits(), Relaxed);
+        self.last_copy_bits.store(copy.as_secs_f64().to_bits(), Relaxed);
+        self.last_pause_bits.store(pause.as_secs_f64().to_bits(), Relaxed);
+        add(&self.total_copy_bits, copy.as_secs_f64());
+        add(&self.total_pause_bits, pause.as_secs_f64());
+    }
+
     /// The values now.
     pub fn snapshot(&self) -> Snapshot {
         let f = |a: &AtomicU64| f64::from_bits(a.load(Relaxed));
@@ -96,6 +135,13 @@ impl Stats {
             total_migration_s: f(&self.total_migration_bits),
             bytes_to_host: self.bytes_to_host.load(Relaxed),
             bytes_to_device: self.bytes_to_device.load(Relaxed),
+            staging: self.staging.load(Relaxed) != 0,
+            promotions: self.promotions.load(Relaxed),
+            promotions_cancelled: self.cancelled.load(Relaxed),
+            last_promotion_copy_s: f(&self.last_copy_bits),
+            last_promotion_pause_s: f(&self.last_pause_bits),
+            total_promotion_copy_s: f(&self.total_copy_bits),
+            total_promotion_pause_s: f(&self.total_pause_bits),
         }
     }
 }
