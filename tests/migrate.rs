@@ -344,7 +344,7 @@ fn promotions(names: &[String]) -> Vec<WeightMove> {
         .collect()
 }
 
-/// A promotion staged on the side (patch 0026; without a GPU the device is
+/// A promotion staged on the side (patch 0028; without a GPU the device is
 /// the CPU's buffer type, so staging allocates and copies on llama.cpp's
 /// staging thread while the context decodes on): the decodes meanwhile
 /// read the weights where they were, the staged buffers count in the

@@ -1,4 +1,4 @@
-//! Cancelling a staged promotion (patch 0026) gives its memory back: on the
+//! Cancelling a staged promotion (patch 0028) gives its memory back: on the
 //! CPU the staged buffers are host memory the C allocator hands out, so
 //! its figure of bytes in use rises by the staged bytes while they are
 //! staged and falls back when the stage is cancelled. (A test of its own:

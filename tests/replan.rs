@@ -662,7 +662,7 @@ fn a_staged_promotion_no_longer_needed_is_cancelled() {
     assert_eq!(f.stats().promotions_cancelled, 1);
 }
 
-/// The server's path with the real engine (patch 0026; without a GPU the
+/// The server's path with the real engine (patch 0028; without a GPU the
 /// device is the CPU's buffer type): launched at the smallest plan, the
 /// card grows, the follower stages every weight's promotion while greedy
 /// generation goes on, commits it between two decodes, and the tokens are

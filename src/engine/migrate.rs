@@ -166,7 +166,7 @@ pub fn residence_buffer_types() -> Result<(BufferType, BufferType)> {
     )
 }
 
-/// The progress of weights staged by [`stage_weights`] (patch 0026).
+/// The progress of weights staged by [`stage_weights`] (patch 0028).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum StageState {
     /// No weights are staged.
@@ -210,7 +210,7 @@ fn destinations(moves: &[WeightMove]) -> Result<Vec<(&str, BufferType)>> {
 }
 
 /// Start promoting weights to the device while decoding goes on (patch
-/// 0026): a thread of llama.cpp's allocates each weight's new device buffer
+/// 0028): a thread of llama.cpp's allocates each weight's new device buffer
 /// and copies it there from its host memory (on CUDA, on a stream of its
 /// own), while the weights stay where they are, so that every decode until
 /// [`commit_staged`] reads them from host memory as the plan in force says.

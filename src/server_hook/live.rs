@@ -64,7 +64,7 @@ pub fn start(basis: ReplanBasis, plan: &Plan, budget: u64, headroom: Option<u64>
 /// The server loop's hook, between two batches: apply a posted re-plan,
 /// moving the weights with the engine (patch 0023); a promotion is copied
 /// on the side while serving goes on and committed here once its copies
-/// are complete (patch 0026).
+/// are complete (patch 0028).
 pub fn on_loop(ctx: ContextRef<'_>) {
     let Some(f) = follower() else {
         return;

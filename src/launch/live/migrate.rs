@@ -1,6 +1,6 @@
 //! Carrying out a re-plan's moves with the engine's live weight migration
 //! (patch 0023), in the thread that runs the model, between two decodes,
-//! and promotions copied on the side while it decodes (patch 0026).
+//! and promotions copied on the side while it decodes (patch 0028).
 
 use super::follower::{LiveEngine, MigrationFailure, Slots, Staged};
 use super::moves::Move;
@@ -26,7 +26,7 @@ pub fn migrate(
 
 /// The engine side of [`super::Follower::between_batches`] for the
 /// context `ctx` borrows: demotions move at once ([`migrate`]),
-/// promotions are staged and committed (patch 0026).
+/// promotions are staged and committed (patch 0028).
 pub struct EngineMoves<'a> {
     pub ctx: ContextRef<'a>,
 }
