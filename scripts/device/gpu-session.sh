@@ -1477,6 +1477,44 @@ s10live() {
     python3 "$LIVE_PY" summary "$RES" > "$RES/live.summary.json" || true
     cat "$RES/live.summary.json"
     [[ ${LIVE_FRESH:-1} == 1 ]] || return 0
+    if [[ -n ${LIVE_FRESH_LEVELS:-} ]]; then
+        # A fresh start under the live run's own flags (`auto`, the same
+        # headroom, so the same batching) with the filler holding each
+        # phase's level: the speed reference of a fresh start at that budget.
+        local lvl
+        for lvl in $LIVE_FRESH_LEVELS; do
+            rm -f "$stop"
+            echo "$lvl" > "$ctl"
+            python3 "$LIVE_PY" filler "$ctl" "${LIVE_FREE:-8}" > "$RES/live-fresh-auto-$lvl.filler" 2>&1 &
+            filler=$!
+            for _ in $(seq 120); do grep -q extra_gib "$RES/live-fresh-auto-$lvl.filler" && break; sleep 0.5; done
+            cat "$RES/live-fresh-auto-$lvl.filler"
+            dist/pipeshard-server --host 127.0.0.1 --port $port --metrics \
+                -t 16 -fa on -ctk f16 -ctv f16 --profile "$RES/profile.yaml" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified \
+                --vram-budget auto --vram-headroom "${LIVE_HEADROOM:-1GiB}" > "$RES/live-fresh-auto-$lvl.log" 2>&1 &
+            spid=$!
+            ok=
+            for _ in $(seq 600); do
+                curl -sf "http://127.0.0.1:$port/health" >/dev/null && { ok=1; break; }
+                kill -0 $spid 2>/dev/null || break
+                sleep 0.5
+            done
+            if [[ -n $ok ]]; then
+                grep -E "pipeshard plan for|follows the card" "$RES/live-fresh-auto-$lvl.log" || true
+                python3 "$LIVE_PY" clients $port 4 "$stop" "$RES/live-fresh-auto-$lvl.requests" &
+                cl=$!
+                sleep "${LIVE_FRESH_S:-12}"; touch "$stop"; wait $cl || true
+                python3 -c 'import json,sys
+r=[json.loads(l) for l in open(sys.argv[1])]; r=[x for x in r if not x.get("probe")]; s=[x["predicted_per_second"] for x in r[4:] if x["ok"]] or [x["predicted_per_second"] for x in r if x["ok"]]
+print("fresh under auto, filler +%s GiB: %d requests, %d failed, decode %.1f tok/s each (mean)" % (sys.argv[2], len(r), sum(not x["ok"] for x in r), sum(s)/max(len(s),1)))' "$RES/live-fresh-auto-$lvl.requests" "$lvl" | tee -a "$RES/live.fresh"
+            else
+                tail -5 "$RES/live-fresh-auto-$lvl.log"
+            fi
+            kill $spid 2>/dev/null || true; wait $spid 2>/dev/null || true
+            echo -1 > "$ctl"; wait $filler 2>/dev/null || true
+        done
+        return 0
+    fi
     # A fresh start at each budget the live plan had, for the speed reference.
     local b
     # (budgets within 0.5 GiB of one measured already are not measured again)
@@ -1815,6 +1853,38 @@ sf5() {
     cp /root/sf/dist/pipeshard-server $d/
     ln -sfn ../dist/lib $d/lib
     sfsoak after27 $d/pipeshard-server "${SF_AFTER27_S:-60}"
+}
+
+# Session 11 (lead): issue 17's 10-minute soak on the merged build (patches
+# 0026 and 0027), session 9's H200 command. Three calls on one warm machine:
+#   s11a (carry .stash .whl/smol/part00)  s11b (carry .whl/smol/part01 .whl/smol/part02)
+#   s11soak (carry dist): starts the soak in its own session and waits ~570 s;
+#   s11collect (same call as the next runs): waits for it, copies the reports.
+s11a() { zunstash; mkdir -p /root/smol && cp .whl/smol/part00 /root/smol/; }
+s11b() {
+    mkdir -p /root/smol && cp .whl/smol/part01 .whl/smol/part02 /root/smol/
+    cat /root/smol/part0* > /root/smol.gguf
+    echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c
+}
+s11soak() {
+    rm -rf /root/s11 && cp -a dist /root/s11 && cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so /root/s11/lib/
+    bash scripts/device/cuda-stack.sh /root/s11 || true
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > /root/s11-machine.txt
+    lscpu | grep -E "Model name|^CPU\(s\)" >> /root/s11-machine.txt
+    rm -rf /root/s11w && mkdir -p /root/s11w
+    setsid nohup /root/s11/pipeshard fuzz-http -m /root/smol.gguf --mode soak --clients 32 --duration-s "${SOAK_S:-600}" \
+        --server /root/s11/pipeshard-server --server-args "-c 16384 -np 32 -t 8 --cache-ram 0 -ngl 99" \
+        --work-dir /root/s11w/soak --json > /root/s11w/soak.json 2> /root/s11w/soak.log < /dev/null &
+    sleep "${SOAK_WAIT_S:-570}"
+    tail -3 /root/s11w/soak.log
+}
+s11collect() {
+    local i
+    for i in $(seq 240); do pgrep -f "fuzz-http -m /root/smol.gguf" > /dev/null || break; sleep 1; done
+    mkdir -p "$OUT/soak"
+    cp /root/s11-machine.txt /root/s11w/soak.json /root/s11w/soak.log "$OUT/soak/" || true
+    xz -T8 -c /root/s11w/soak/server.log > "$OUT/soak/server.log.xz" || true
+    tail -5 /root/s11w/soak.log
 }
 
 "$@"
