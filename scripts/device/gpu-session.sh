@@ -1682,6 +1682,42 @@ s10parity6() {
     cmp "$RES/f-r2-4g-run-with.txt" "$RES/f-r2-4g-run-no0025.txt" && echo "R2 4 GiB greedy text identical with and without patch 0025"
 }
 
+# s11slot (after zunstash, dist/ carried with dist/pipeshard-server.base, the
+# merged main's server): issue 14's R2 rows with the slots' own decode tier
+# (the server's plan prices a 4-token ubatch for -np 4). Every pipeshard row
+# logs the scheduler's host time per graph (GGML_SCHED_TIMING, patch 0019;
+# upstream's server shows ggml's info lines from -lv 4), by the tokens a
+# graph routes: 1 for one client's decode, 4 when four slots decode together.
+# One client: `pipeshard bench` and the server on the same plan (where the
+# server's decode loses). Four clients: this branch's server against the
+# base, then a plan with a 2048-token ubatch (`pipeshard plan --ub 2048`,
+# served with --plan): its compute buffer's difference goes to resident
+# weights. Then upstream's own placement with no budget, one round each:
+# --cpu-moe -ngl 99 and -ngl 99; then, where the call's time allows, the
+# four-client pair again.
+s11slot() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    local sb=${SB:-scripts/device/server-bench.sh} base=dist/pipeshard-server.base
+    export GGML_SCHED_TIMING=1
+    PIPESHARD_LOG=info,llama.cpp=debug one r2-1-bench r2 4GiB pipeshard
+    bash $sb r2_1 r2-1-new --vram-budget 4GiB -lv 4 || true
+    bash $sb r2_4 r2-4-new --vram-budget 4GiB -lv 4 || true
+    PIPESHARD_SERVER=$base bash $sb r2_4 r2-4-base --vram-budget 4GiB -lv 4 || true
+    timeout 120 $P plan -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" -c 17408 -np 4 --ub 2048 \
+        --flash-attn on -t 16 --format yaml > "$RES/plan-np4-ub2048.yaml" 2> "$RES/plan-np4-ub2048.log" \
+        && bash $sb r2_4 r2-4-ub2048 --plan "$RES/plan-np4-ub2048.yaml" -lv 4 || true
+    unset GGML_SCHED_TIMING
+    ROUNDS=1 bash $sb r2_4 r2-4-up-cpumoe --cpu-moe -ngl 99 || true
+    ROUNDS=1 bash $sb r2_1 r2-1-up-cpumoe --cpu-moe -ngl 99 || true
+    ROUNDS=1 bash $sb r2_4 r2-4-up-gpu -ngl 99 || true
+    # a second pair, where the call's time allows (S11_UNTIL: seconds)
+    if ((SECONDS < ${S11_UNTIL:-230})); then
+        GGML_SCHED_TIMING=1 bash $sb r2_4 r2-4-new-b --vram-budget 4GiB -lv 4 || true
+        GGML_SCHED_TIMING=1 PIPESHARD_SERVER=$base bash $sb r2_4 r2-4-base-b --vram-budget 4GiB -lv 4 || true
+    fi
+}
+
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
 
 "$@"

@@ -77,14 +77,15 @@ PY
 
 # r2_1 NAME [EXTRA...] / r2_4 NAME [EXTRA...]: R2 with one client, and
 # with four concurrent clients, EXTRA replacing the budget (e.g. upstream's
-# own placement: --cpu-moe -ngl 99 and no budget).
+# own placement: --cpu-moe -ngl 99 and no budget). Two rounds of clients,
+# or ROUNDS=1 for one.
 r2_1() {
     local name=$1; shift
     prepare
     (($#)) || set -- --vram-budget 4GiB
     serve "$name" -m "$W/r2.gguf" -c 4352 -np 1 "$@"
     clients 1 | tee "$RES/$name.clients"       # warm-up and target: >= 48 tok/s
-    clients 1 | tee -a "$RES/$name.clients"
+    ((${ROUNDS:-2} < 2)) || clients 1 | tee -a "$RES/$name.clients"
     stop "$name"
 }
 r2_4() {
@@ -93,7 +94,7 @@ r2_4() {
     (($#)) || set -- --vram-budget 4GiB
     serve "$name" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified "$@"
     clients 4 | tee "$RES/$name.clients"       # target: >= 95 tok/s in total
-    clients 4 | tee -a "$RES/$name.clients"
+    ((${ROUNDS:-2} < 2)) || clients 4 | tee -a "$RES/$name.clients"
     stop "$name"
 }
 

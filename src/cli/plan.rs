@@ -232,6 +232,7 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
                 prompt_tokens: args.prompt_tokens,
                 gen_tokens: args.gen_tokens,
                 speculation: None,
+                parallel: args.parallel.max(1),
             },
         )?
     };
