@@ -62,6 +62,9 @@ pub struct Evaluator {
     /// The first prompt ubatch's attention masks, filled on the host before
     /// its graph starts (see `Overheads::mask_entry_s`).
     first_mask_s: f64,
+    /// Per tensor: it stays in host memory whatever the budget (see
+    /// `Evaluator::new`, the routers of a plan whose slots decode together).
+    host_only: Vec<bool>,
     pub workload: Workload,
     pub ubatch: u32,
 }
@@ -257,6 +260,17 @@ impl Evaluator {
             a
         });
         let cpu_rate_beside_copies = cm.cpu_rate_beside_copies(&all_parts);
+        // Where several sequences decode together and their ubatch copies
+        // only the routed experts, each layer's router stays in host memory
+        // and streams: on the H200, R2's 4-token step with the routers
+        // resident took 88 ms and copied twice the bytes (the expert copies
+        // evidently no longer all routed), against 42-45 ms with them
+        // streamed, the plan otherwise the same (h200-session11/slot-tier).
+        let routers_stream = par > 1 && cm.routed_max_tokens >= par;
+        let host_only = tensors
+            .iter()
+            .map(|&i| routers_stream && model.tensors[i].role == TensorRole::MoeRouter)
+            .collect();
         Evaluator {
             layer: tensors.iter().map(|&i| model.tensors[i].layer).collect(),
             is_qkv: tensors
@@ -287,6 +301,7 @@ impl Evaluator {
             switch_s: cm.overheads.device_switch_s,
             layers_s: model.n_layer as f64 * cm.overheads.layer_s,
             first_mask_s,
+            host_only,
             workload,
             ubatch: u,
         }
@@ -518,6 +533,9 @@ impl Evaluator {
     /// Seconds saved over the workload by making tensor `k` resident, ignoring
     /// device switches (used to order candidates).
     pub fn saving(&self, k: usize) -> f64 {
+        if self.host_only[k] {
+            return 0.0;
+        }
         self.sizes
             .iter()
             .enumerate()
