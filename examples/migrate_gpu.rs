@@ -56,6 +56,7 @@ fn main() -> Result<()> {
             prompt_tokens: 16,
             gen_tokens: n_tokens as u64,
             speculation: None,
+            parallel: 1,
         },
     )?;
     let mut cp = ContextParams {

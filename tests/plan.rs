@@ -960,3 +960,107 @@ fn with_everything_resident_the_first_ubatchs_mask_keeps_the_ubatch_below_the_pr
         assert!(at(4096) > 0.97 * at(2048), "{preset}: {} {}", at(4096), at(2048));
     }
 }
+
+/// A server's slots decode together: with `-np 4` its plan prices the
+/// 4-token ubatch as a tier of its own (before, a 4-token ubatch took the
+/// prompt tier's decisions and was never priced), for the reference case
+/// of issue 14 (R2 at 4 GiB, `-c 17408 -np 4 --kv-unified`, F16 KV, flash
+/// attention, the H200 host's profile).
+#[test]
+fn a_servers_slots_decoding_together_get_a_tier_of_their_own() {
+    let profile = h200_profile();
+    let info = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();
+    let options = launch::PipeshardOptions::default();
+    let cp = engine::ContextParams {
+        n_ctx: 17408,
+        n_seq_max: 4,
+        kv_unified: true,
+        flash_attention: engine::FlashAttention::On,
+        ..Default::default()
+    };
+    let request = |parallel: u32| {
+        let workload = plan::Workload {
+            parallel,
+            ..Default::default()
+        };
+        let mut req = launch::LaunchRequest::new(Path::new("m.gguf"), &options, 16, workload).unwrap();
+        req.full_slot_prompt = true;
+        let mut pr = launch::plan_request(&req, &info, &cp, 4 * GIB, &profile).0;
+        // The dry run's correction of the compute estimate on the H200
+        // (the server's plan checks: llama.cpp reserved 809 MiB of compute
+        // at ub 4096 for this context, h200-session10/r2-clients).
+        pr.compute_scale = 0.344;
+        pr
+    };
+    // Slots that decode together share the unified cache: each one's
+    // prompt is its share; one sequence may take all of it.
+    let four = request(4);
+    assert_eq!(four.workload.prompt_tokens, 17408 / 4 - 64);
+    assert_eq!(request(1).workload.prompt_tokens, 17408 - 64);
+
+    let p = plan::make_plan(&info, &profile, &four).unwrap();
+    assert_eq!(p.tiers, vec![1, 4, p.ubatch]);
+    assert_eq!((p.tier_for(1), p.tier_for(2), p.tier_for(4)), (1, 4, 4));
+    assert_eq!(p.tier_for(5), p.ubatch);
+    let exec = |t: &plan::PlannedTensor, n: u32| t.exec.iter().find(|(m, _)| *m == n).unwrap().1;
+    // The 4-token tier runs with the prompt tier's decisions: every host
+    // weight streams, as every variant measured fastest on the H200.
+    for t in &p.tensors {
+        assert_eq!(exec(t, 4), exec(t, p.ubatch), "{}", t.name);
+        assert!(matches!(exec(t, 4), Exec::Resident | Exec::Stream), "{}", t.name);
+    }
+    // The routers stay in host memory and stream: resident, they made the
+    // 4-token step take twice as long on the H200 (88 ms against 42-45).
+    let routers: Vec<_> = p.tensors.iter().filter(|t| t.role == "MoeRouter").collect();
+    assert_eq!(routers.len(), info.n_layer as usize);
+    assert!(routers.iter().all(|t| !t.resident && exec(t, 4) == Exec::Stream));
+    // A slot decoding alone keeps its split of the experts; four tokens'
+    // routed copies fit the routed-streaming limit.
+    assert!(p.tensors.iter().any(|t| exec(t, 1) == Exec::Hybrid));
+    assert!(p.hybrid_gpu_experts > 0 && p.hybrid_gpu_experts < info.n_expert_used);
+    assert!(p.stream_routed_max >= 4 * info.n_expert_used, "{}", p.stream_routed_max);
+
+    // A decode step needs every slot's logits: four rows of the output
+    // projection, which the plan of one sequence leaves in host memory (a
+    // prompt chunk needs one row), so a 4-token step ran it on the CPU.
+    // Priced for four rows, it is resident.
+    let output = |p: &plan::Plan| p.tensors.iter().find(|t| t.role == "Output").unwrap().resident;
+    let one_seq = plan::make_plan(&info, &profile, &request(1)).unwrap();
+    assert!(!output(&one_seq) && output(&p));
+
+    // The prediction's decode is the four slots' total: more than one
+    // slot alone in the same plan, less than four times it.
+    let cm = plan::CostModel::new(&info, &profile, p.streaming, p.pinned, Default::default(), None);
+    let mut alone = p.clone();
+    alone.workload.parallel = 1;
+    let (all, one) = (plan::predict(&info, &cm, &p), plan::predict(&info, &cm, &alone));
+    assert!((all.decode_tok_s - p.predicted.decode_tok_s).abs() < 1e-9 * all.decode_tok_s);
+    assert!(all.decode_tok_s > one.decode_tok_s && all.decode_tok_s < 4.0 * one.decode_tok_s);
+
+    // A 2048-token ubatch halves the compute buffer, and what it frees
+    // keeps more weights resident, so the 4-token step is predicted
+    // faster; but each prompt then streams every host expert once more
+    // (4288 tokens: three ubatches instead of two), which costs more than
+    // the steps save over the workload: the plan keeps the larger ubatch.
+    assert_eq!(p.ubatch, 4096);
+    let small = plan::make_plan(
+        &info,
+        &profile,
+        &PlanRequest {
+            ubatch: Some(2048),
+            ..four.clone()
+        },
+    )
+    .unwrap();
+    assert!(small.resident_bytes() > p.resident_bytes() + 256 * (1 << 20));
+    assert!(small.predicted.decode_tok_s > p.predicted.decode_tok_s);
+    assert!(small.predicted.ttft_s > p.predicted.ttft_s);
+    assert!(small.predicted_seconds() > p.predicted_seconds());
+
+    // The workload round-trips; one sequence writes no field (older plans load).
+    let yaml = plan::render(&p, plan::Format::Yaml);
+    assert!(yaml.contains("parallel: 4"), "{yaml}");
+    assert!(!plan::render(&one_seq, plan::Format::Yaml).contains("parallel"));
+    let loaded: plan::Plan = serde_yaml::from_str(&yaml).unwrap();
+    assert_eq!(loaded.workload.decode_tokens(), 4);
+}

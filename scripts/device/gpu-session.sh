@@ -1784,6 +1784,104 @@ s11parity2() {
     done
 }
 
+# s11slot (after zunstash, dist/ carried with dist/pipeshard-server.base, the
+# merged main's server): issue 14's R2 rows with the slots' own decode tier
+# (the server's plan prices a 4-token ubatch for -np 4). Every pipeshard row
+# logs the scheduler's host time per graph (GGML_SCHED_TIMING, patch 0019;
+# upstream's server shows ggml's info lines from -lv 4), by the tokens a
+# graph routes: 1 for one client's decode, 4 when four slots decode together.
+# One client: `pipeshard bench` and the server on the same plan (where the
+# server's decode loses). Four clients: this branch's server against the
+# base, then a plan with a 2048-token ubatch (`pipeshard plan --ub 2048`,
+# served with --plan): its compute buffer's difference goes to resident
+# weights. Then upstream's own placement with no budget, one round each:
+# --cpu-moe -ngl 99 and -ngl 99; then, where the call's time allows, the
+# four-client pair again.
+s11slot() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    local sb=${SB:-scripts/device/server-bench.sh} base=dist/pipeshard-server.base
+    export GGML_SCHED_TIMING=1
+    PIPESHARD_LOG=info,llama.cpp=debug one r2-1-bench r2 4GiB pipeshard
+    bash $sb r2_1 r2-1-new --vram-budget 4GiB -lv 4 || true
+    bash $sb r2_4 r2-4-new --vram-budget 4GiB -lv 4 || true
+    PIPESHARD_SERVER=$base bash $sb r2_4 r2-4-base --vram-budget 4GiB -lv 4 || true
+    timeout 120 $P plan -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" -c 17408 -np 4 --ub 2048 \
+        --flash-attn on -t 16 --format yaml > "$RES/plan-np4-ub2048.yaml" 2> "$RES/plan-np4-ub2048.log" \
+        && bash $sb r2_4 r2-4-ub2048 --plan "$RES/plan-np4-ub2048.yaml" -lv 4 || true
+    unset GGML_SCHED_TIMING
+    ROUNDS=1 bash $sb r2_4 r2-4-up-cpumoe --cpu-moe -ngl 99 || true
+    ROUNDS=1 bash $sb r2_1 r2-1-up-cpumoe --cpu-moe -ngl 99 || true
+    ROUNDS=1 bash $sb r2_4 r2-4-up-gpu -ngl 99 || true
+    # a second pair, where the call's time allows (S11_UNTIL: seconds)
+    if ((SECONDS < ${S11_UNTIL:-230})); then
+        GGML_SCHED_TIMING=1 bash $sb r2_4 r2-4-new-b --vram-budget 4GiB -lv 4 || true
+        GGML_SCHED_TIMING=1 PIPESHARD_SERVER=$base bash $sb r2_4 r2-4-base-b --vram-budget 4GiB -lv 4 || true
+    fi
+}
+
+# s11b (after zunstash, dist/ carried as for s11slot): why s11slot's
+# four-client rows with the slots' tier were slower (88 ms per 4-token step
+# against the base's 45, twice the bytes streamed per step), one round each,
+# with the scheduler's timing, from plans written by `pipeshard plan` and
+# edited (JSON) before --plan: the new plan with stream_routed_max 64 (the
+# base's; the new cost model gives 240), the one-sequence plan for this
+# context (the base's residency) as written (240), and the new plan with
+# its routers in host memory again (64); the base server between them. One
+# client: `pipeshard bench` and the server without the script's nvidia-smi
+# loop (SMI=0: each query takes CPU from the CPU's matmuls).
+s11b() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    local sb=${SB:-scripts/device/server-bench.sh} base=dist/pipeshard-server.base
+    export GGML_SCHED_TIMING=1
+    PIPESHARD_LOG=info,llama.cpp=debug one r2-1-bench-b r2 4GiB pipeshard
+    SMI=0 bash $sb r2_1 r2-1-new-nosmi --vram-budget 4GiB -lv 4 || true
+    local pl="$P plan -m $W/r2.gguf --vram-budget 4GiB --profile $RES/profile.yaml -c 17408 --flash-attn on -t 16 --format json"
+    $pl -np 4 > "$RES/plan-np4.json" 2> "$RES/plan-np4.log"
+    $pl -np 1 > "$RES/plan-np1.json" 2> "$RES/plan-np1.log"
+    python3 - "$RES" <<'PY'
+import json, sys
+res = sys.argv[1]
+p = json.load(open(f"{res}/plan-np4.json"))
+p["stream_routed_max"] = 64
+json.dump(p, open(f"{res}/plan-np4-rm64.json", "w"))
+for t in p["tensors"]:
+    if t["role"] == "MoeRouter":
+        t["resident"] = False
+        t["exec"] = [[n, "cpu" if n == 1 else "stream"] for n, _ in t["exec"]]
+json.dump(p, open(f"{res}/plan-np4-rm64-router-host.json", "w"))
+q = json.load(open(f"{res}/plan-np1.json"))
+print("np4:", p["stream_routed_max"], p["tiers"], "np1:", q["stream_routed_max"], q["tiers"])
+PY
+    ROUNDS=1 bash $sb r2_4 r2-4-np4-rm64 --plan "$RES/plan-np4-rm64.json" -lv 4 || true
+    ROUNDS=1 PIPESHARD_SERVER=$base bash $sb r2_4 r2-4-base-c --vram-budget 4GiB -lv 4 || true
+    ROUNDS=1 bash $sb r2_4 r2-4-np1plan --plan "$RES/plan-np1.json" -lv 4 || true
+    ROUNDS=1 bash $sb r2_4 r2-4-np4-rm64-router-host --plan "$RES/plan-np4-rm64-router-host.json" -lv 4 || true
+    for f in r2-1-bench-b r2-1-new-nosmi r2-4-np4-rm64 r2-4-base-c r2-4-np1plan r2-4-np4-rm64-router-host; do
+        echo "== $f"; grep -h "compute_splits: [14]-token" "$RES/$f.log" "$RES/$f/"*.log 2>/dev/null | tail -2 | sed 's/.*graphs/graphs/'
+    done
+}
+
+# s11c (after zunstash, dist/ carried as for s11slot): the final build (the
+# slots' tier with the routers in host memory) against the base, and
+# upstream's placement, all without the script's nvidia-smi loop (SMI=0,
+# s11b: it cost the one-client server ~3 ms of CPU splits per token); the
+# pipeshard rows' peak is /metrics' NVML figure for the process.
+s11c() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    local sb=${SB:-scripts/device/server-bench.sh} base=dist/pipeshard-server.base
+    export SMI=0 GGML_SCHED_TIMING=1
+    bash $sb r2_1 r2-1-final --vram-budget 4GiB -lv 4 || true
+    bash $sb r2_4 r2-4-final --vram-budget 4GiB -lv 4 || true
+    PIPESHARD_SERVER=$base bash $sb r2_4 r2-4-base-d --vram-budget 4GiB -lv 4 || true
+    unset GGML_SCHED_TIMING
+    bash $sb r2_1 r2-1-up-cpumoe-d --cpu-moe -ngl 99 || true
+    ROUNDS=1 bash $sb r2_4 r2-4-up-cpumoe-d --cpu-moe -ngl 99 || true
+    ROUNDS=1 bash $sb r2_4 r2-4-up-gpu-d -ngl 99 || true
+}
+
 # Everything lands in $RES; the caller packs it: tar czf $OUT/results.tgz -C $W results
 
 # Session 11, issue 17's last criterion (branch slot-free, patch 0026): the

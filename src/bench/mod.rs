@@ -232,6 +232,7 @@ pub fn run_policy(
                         prompt_tokens: cfg.prompt_tokens as u64,
                         gen_tokens: cfg.gen_tokens as u64,
                         speculation: None,
+                        parallel: 1,
                     },
                 )?
             };

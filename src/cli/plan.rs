@@ -154,7 +154,8 @@ pub struct PlanArgs {
     /// Context size in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 8192)]
     pub ctx_size: u64,
-    /// Parallel sequences (each gets ctx-size / np tokens).
+    /// Parallel sequences (each gets ctx-size / np tokens); they decode
+    /// together, one token of each per ubatch, a tier of its own.
     #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
     pub parallel: u32,
     /// Flash attention: on, off or auto (as llama.cpp's -fa).
@@ -232,6 +233,7 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
                 prompt_tokens: args.prompt_tokens,
                 gen_tokens: args.gen_tokens,
                 speculation: None,
+                parallel: args.parallel.max(1),
             },
         )?
     };

@@ -214,6 +214,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
             },
             gen_tokens: args.n_predict as u64,
             speculation: None,
+            parallel: 1,
         }
     } else {
         Workload::default()

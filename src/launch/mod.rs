@@ -214,7 +214,10 @@ pub fn plan_request(
     let mut pr = PlanRequest::new(budget, n_ctx + req.side_contexts.iter().sum::<u64>());
     pr.workload = req.workload;
     if req.full_slot_prompt {
-        let per_seq = if cp.kv_unified {
+        // With a unified cache one slot may hold the whole context, unless
+        // the workload has the slots decoding together: then each holds its
+        // share.
+        let per_seq = if cp.kv_unified && req.workload.parallel <= 1 {
             n_ctx
         } else {
             n_ctx / cp.n_seq_max.max(1) as u64

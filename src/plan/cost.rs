@@ -242,6 +242,15 @@ impl<'a> CostModel<'a> {
 
     /// Seconds of the matmul with weight `t` for a ubatch of `n` tokens on `device`.
     fn compute_seconds(&self, t: &ModelTensor, n: u64, device: Device) -> f64 {
+        self.compute_seconds_out(t, n, device, 1)
+    }
+
+    /// [`CostModel::compute_seconds`] where `outputs` of the tokens need
+    /// logits: the output projection runs for those only.
+    fn compute_seconds_out(&self, t: &ModelTensor, n: u64, device: Device, outputs: u64) -> f64 {
+        if t.role == TensorRole::Output {
+            return self.experts_seconds(t, outputs.clamp(1, n.max(1)), device, 1);
+        }
         self.experts_seconds(t, n, device, self.model.n_expert_used.max(1) as u64)
     }
 
@@ -253,8 +262,6 @@ impl<'a> CostModel<'a> {
         if t.holds_routed_experts() {
             self.profile.expert_seconds(device, t.ty, k, rows, (experts, used), n)
         } else {
-            // The output projection only runs for the tokens that need logits.
-            let n = if t.role == TensorRole::Output { 1 } else { n };
             self.profile.matmul_seconds(device, t.ty, k, rows * experts, n, false)
         }
     }
@@ -262,9 +269,16 @@ impl<'a> CostModel<'a> {
     /// Seconds of the op using `t` for a ubatch of `n` tokens when executed
     /// as `exec` (for [`Exec::Hybrid`], see [`CostModel::hybrid_seconds`]).
     pub fn op_seconds(&self, t: &ModelTensor, n: u64, exec: Exec) -> f64 {
+        self.op_seconds_out(t, n, exec, 1)
+    }
+
+    /// [`CostModel::op_seconds`] for a ubatch of `n` tokens of which
+    /// `outputs` need logits: a prompt chunk's last token (1), or every
+    /// token of a step where several sequences decode together.
+    pub fn op_seconds_out(&self, t: &ModelTensor, n: u64, exec: Exec, outputs: u64) -> f64 {
         match exec {
-            Exec::Resident => self.compute_seconds(t, n, Device::Gpu),
-            Exec::Cpu => self.compute_seconds(t, n, Device::Cpu),
+            Exec::Resident => self.compute_seconds_out(t, n, Device::Gpu, outputs),
+            Exec::Cpu => self.compute_seconds_out(t, n, Device::Cpu, outputs),
             Exec::Hybrid | Exec::Split => f64::INFINITY,
             Exec::Stream => {
                 let bw = self.link_bw();
@@ -272,7 +286,7 @@ impl<'a> CostModel<'a> {
                     return f64::INFINITY;
                 }
                 let copy = self.copy_seconds(t, n);
-                let gpu = self.compute_seconds(t, n, Device::Gpu);
+                let gpu = self.compute_seconds_out(t, n, Device::Gpu, outputs);
                 if self.streaming != Streaming::Synchronous && self.streams_routed(t, n) {
                     // The copy waits for the router's ids, then the op for the copy.
                     return copy + gpu + self.overheads.device_switch_s;

@@ -13,12 +13,18 @@ pub struct Evaluator {
     layer: Vec<Option<u32>>,
     is_qkv: Vec<bool>,
     /// Distinct ubatch sizes and how often each runs: the prompt's full
-    /// chunks and its last partial chunk, then single-token decode, then
-    /// speculative verification if the workload has it.
+    /// chunks and its last partial chunk, then decode (one token of each
+    /// sequence decoding together), a lone sequence's single-token decode
+    /// when several decode together, then speculative verification if the
+    /// workload has it.
     sizes: Vec<(u64, f64)>,
-    /// Index into `sizes` of single-token decode; the ones before it are
-    /// prompt chunks.
+    /// Index into `sizes` of decode; the ones before it are prompt chunks.
     decode: usize,
+    /// Index into `sizes` of single-token decode (`decode` itself when one
+    /// sequence decodes): the only size whose experts and rows split
+    /// between the CPU and the GPU (patches 0006 and 0017 split
+    /// single-token ubatches only).
+    single: usize,
     /// Index into `sizes` of speculative verification batches.
     verify: Option<usize>,
     /// Token tiers, ascending.
@@ -56,6 +62,9 @@ pub struct Evaluator {
     /// The first prompt ubatch's attention masks, filled on the host before
     /// its graph starts (see `Overheads::mask_entry_s`).
     first_mask_s: f64,
+    /// Per tensor: it stays in host memory whatever the budget (see
+    /// `Evaluator::new`, the routers of a plan whose slots decode together).
+    host_only: Vec<bool>,
     pub workload: Workload,
     pub ubatch: u32,
 }
@@ -81,42 +90,74 @@ impl Evaluator {
             sizes.push((rest, 1.0));
         }
         let spec = workload.speculation;
+        // Sequences decoding together: each decode ubatch holds one token of
+        // each, and the objective counts one sequence's share of the steps
+        // (its prompt and gen_tokens / par steps: the workload of all of
+        // them, divided by their number).
+        let par = workload.decode_tokens() as u64;
         let decode = sizes.len();
         sizes.push((
-            1,
+            par,
             if spec.is_some() {
                 0.0
             } else {
-                workload.gen_tokens as f64
+                workload.gen_tokens as f64 / par as f64
             },
         ));
+        // A sequence decoding alone (the last one left, or the only one
+        // there is for a while) keeps a tier of its own, priced but not
+        // counted.
+        let single = if par > 1 {
+            sizes.push((1, 0.0));
+            sizes.len() - 1
+        } else {
+            decode
+        };
         let verify = spec.map(|s| {
             sizes.push((
-                s.verify_tokens() as u64,
-                workload.gen_tokens as f64 / s.tokens_per_step(),
+                s.verify_tokens() as u64 * par,
+                workload.gen_tokens as f64 / s.tokens_per_step() / par as f64,
             ));
             sizes.len() - 1
         });
-        let mut tiers: Vec<u32> = vec![1, u];
-        tiers.extend(spec.map(|s| s.verify_tokens()));
+        let mut tiers: Vec<u32> = vec![1, par as u32, u];
+        tiers.extend(spec.map(|s| s.verify_tokens() * par as u32));
         tiers.sort_unstable();
         tiers.dedup();
         let kv_gpu_from = model.n_layer - kv_layers;
         // A ubatch runs with the decisions of the first tier at or above its
         // size, so a partial chunk reuses a bigger tier's.
+        //
+        // The decode tier of several sequences streams every host weight to
+        // the GPU, as the prompt's tier does: on the H200 every variant that
+        // ran part of a 4-token decode ubatch on the CPU was slower (experts
+        // split between the CPU and the GPU: 39 tok/s in total for R2's
+        // four clients, experts on the CPU: 33-36, the router and K/V
+        // projections on the CPU: 33, against 57-61 with every weight
+        // streamed; h200-session8/server-perf.md): their CPU parts run
+        // between the GPU's ops for several tokens, not beside them.
         let execs_by_tier: Vec<Vec<Exec>> = tiers
             .iter()
             .map(|&tier| {
                 tensors
                     .iter()
-                    .map(|&i| cm.best_host_exec(&model.tensors[i], tier as u64).0)
+                    .map(|&i| {
+                        let t = &model.tensors[i];
+                        // Its own tier, with the prompt tier's decisions.
+                        let n = if par > 1 && tier as u64 == par { u } else { tier };
+                        cm.best_host_exec(t, n as u64).0
+                    })
                     .collect()
             })
             .collect();
         let mut times: Vec<Vec<(f64, Exec, f64, f64)>> = sizes
             .iter()
-            .map(|&(n, _)| {
+            .enumerate()
+            .map(|(si, &(n, _))| {
                 let execs = &execs_by_tier[tier_index(&tiers, n)];
+                // A prompt chunk needs the logits of its last token; a
+                // decode step those of every sequence's token.
+                let outputs = if si == decode { n } else { 1 };
                 tensors
                     .iter()
                     .enumerate()
@@ -129,7 +170,12 @@ impl Evaluator {
                             } else {
                                 0.0
                             };
-                        (cm.op_seconds(t, n, Exec::Resident), e, cm.op_seconds(t, n, e), link)
+                        (
+                            cm.op_seconds_out(t, n, Exec::Resident, outputs),
+                            e,
+                            cm.op_seconds_out(t, n, e, outputs),
+                            link,
+                        )
                     })
                     .collect()
             })
@@ -155,7 +201,7 @@ impl Evaluator {
             }
             let weights: Vec<_> = group.iter().map(|&k| &model.tensors[tensors[k]]).collect();
             // Only single-token decode splits: the plan has one GPU share.
-            let si = decode;
+            let si = single;
             let Some((gpu_experts, secs)) = cm.best_hybrid(&weights, 1) else {
                 continue;
             };
@@ -180,7 +226,7 @@ impl Evaluator {
             .enumerate()
             .map(|(k, &i)| {
                 let t = &model.tensors[i];
-                (cm.splits_rows(t) && times[decode][k].1 != Exec::Hybrid).then(|| cm.split_parts(t, 1))
+                (cm.splits_rows(t) && times[single][k].1 != Exec::Hybrid).then(|| cm.split_parts(t, 1))
             })
             .collect();
         // Attention: prompt chunks at increasing depth, decode and
@@ -214,6 +260,17 @@ impl Evaluator {
             a
         });
         let cpu_rate_beside_copies = cm.cpu_rate_beside_copies(&all_parts);
+        // Where several sequences decode together and their ubatch copies
+        // only the routed experts, each layer's router stays in host memory
+        // and streams: on the H200, R2's 4-token step with the routers
+        // resident took 88 ms and copied twice the bytes (the expert copies
+        // evidently no longer all routed), against 42-45 ms with them
+        // streamed, the plan otherwise the same (h200-session11/slot-tier).
+        let routers_stream = par > 1 && cm.routed_max_tokens >= par;
+        let host_only = tensors
+            .iter()
+            .map(|&i| routers_stream && model.tensors[i].role == TensorRole::MoeRouter)
+            .collect();
         Evaluator {
             layer: tensors.iter().map(|&i| model.tensors[i].layer).collect(),
             is_qkv: tensors
@@ -228,6 +285,7 @@ impl Evaluator {
             tensors,
             sizes,
             decode,
+            single,
             verify,
             tiers,
             times,
@@ -243,6 +301,7 @@ impl Evaluator {
             switch_s: cm.overheads.device_switch_s,
             layers_s: model.n_layer as f64 * cm.overheads.layer_s,
             first_mask_s,
+            host_only,
             workload,
             ubatch: u,
         }
@@ -265,7 +324,7 @@ impl Evaluator {
     pub fn exec(&self, k: usize, si: usize, resident: &[bool], split_share: f64) -> Exec {
         if resident[k] {
             Exec::Resident
-        } else if si == self.decode && self.split[k].is_some() && split_share > 0.0 {
+        } else if si == self.single && self.split[k].is_some() && split_share > 0.0 {
             Exec::Split
         } else {
             self.host_time(k, si, resident).0
@@ -275,10 +334,10 @@ impl Evaluator {
     /// The share of each split weight's rows the GPU computes in decode
     /// under `resident`; 0 if no weight splits.
     pub fn decode_split_share(&self, resident: &[bool]) -> f64 {
-        let (compute, link, sums) = self.weights_seconds(self.decode, resident);
+        let (compute, link, sums) = self.weights_seconds(self.single, resident);
         self.split_step(
-            compute + self.attention[self.decode],
-            link + self.attention_link[self.decode],
+            compute + self.attention[self.single],
+            link + self.attention_link[self.single],
             &sums,
         )
         .0
@@ -346,7 +405,7 @@ impl Evaluator {
     /// How many of each token's routed experts hybrid layers run on the GPU
     /// in decode under `resident`; 0 if no layer is hybrid.
     pub fn hybrid_gpu_experts(&self, resident: &[bool]) -> u32 {
-        let si = self.decode;
+        let si = self.single;
         let share = self.decode_split_share(resident);
         let hybrid = (0..self.tensors.len()).any(|k| self.exec(k, si, resident, share) == Exec::Hybrid);
         if hybrid {
@@ -398,7 +457,7 @@ impl Evaluator {
                 let (e, h, l) = self.host_time(k, si, resident);
                 match self.split[k] {
                     // Priced with the step's other work, see `split_step`.
-                    Some(parts) if si == self.decode => {
+                    Some(parts) if si == self.single => {
                         sums.n += 1;
                         sums.parts += parts;
                         sums.alone.0 += h;
@@ -407,7 +466,7 @@ impl Evaluator {
                     _ => {
                         total += h;
                         link += l;
-                        if si == self.decode && e == Exec::Cpu {
+                        if si == self.single && e == Exec::Cpu {
                             sums.cpu_other += h;
                         }
                     }
@@ -434,7 +493,9 @@ impl Evaluator {
             self.split_step(compute + self.attention[si], link + self.attention_link[si], &sums)
                 .1
         };
-        let plain_decode_tok_s = 1.0 / step(self.decode).max(1e-12);
+        // Tokens of every sequence decoding together, per second.
+        let par = self.workload.decode_tokens() as f64;
+        let plain_decode_tok_s = par / step(self.decode).max(1e-12);
         let gen = self.workload.gen_tokens as f64;
         let mut decode_tok_s = plain_decode_tok_s;
         let speculation = self.workload.speculation.zip(self.verify).map(|(s, vi)| {
@@ -443,7 +504,7 @@ impl Evaluator {
             let tokens_per_step = s.tokens_per_step();
             // The draft reads the prompt once, then every step yields tokens.
             let per_token = (s.draft_prompt_s / gen.max(1.0) + step_s / tokens_per_step).max(1e-12);
-            decode_tok_s = 1.0 / per_token;
+            decode_tok_s = par / per_token;
             SpeculationPrediction {
                 verify_s,
                 step_s,
@@ -460,14 +521,21 @@ impl Evaluator {
         }
     }
 
-    /// The optimizer's objective: seconds for the whole workload.
+    /// The optimizer's objective: seconds for the whole workload, per
+    /// sequence where several decode together (their prompts one after the
+    /// other, then their decode steps together).
     pub fn objective(&self, p: &Prediction) -> f64 {
+        // `decode_tok_s` is theirs in total: gen_tokens / it is one
+        // sequence's share of the steps.
         p.ttft_s + self.workload.gen_tokens as f64 / p.decode_tok_s.max(1e-12)
     }
 
     /// Seconds saved over the workload by making tensor `k` resident, ignoring
     /// device switches (used to order candidates).
     pub fn saving(&self, k: usize) -> f64 {
+        if self.host_only[k] {
+            return 0.0;
+        }
         self.sizes
             .iter()
             .enumerate()
@@ -478,21 +546,23 @@ impl Evaluator {
             .sum()
     }
 
-    /// Tiers of this configuration, ascending: single-token decode, the
-    /// speculative verification batch if any, and the ubatch.
+    /// Tiers of this configuration, ascending: single-token decode, decode
+    /// of the sequences decoding together, the speculative verification
+    /// batch if any, and the ubatch.
     pub fn tiers(&self) -> Vec<u32> {
         self.tiers.clone()
     }
 
     /// The exec of tensor `k` for a tier (`split_share` as for [`Evaluator::exec`]).
     pub fn tier_exec(&self, k: usize, tier: u32, resident: &[bool], split_share: f64) -> Exec {
+        // Decode, a lone sequence's decode or verification; else the
+        // prompt's chunks.
         let si = if tier == 1 {
-            self.decode
+            self.single
         } else {
-            match self.verify {
-                Some(vi) if self.sizes[vi].0 == tier as u64 => vi,
-                _ => 0,
-            }
+            (self.decode..self.sizes.len())
+                .find(|&si| self.sizes[si].0 == tier as u64)
+                .unwrap_or(0)
         };
         self.exec(k, si, resident, split_share)
     }

@@ -52,6 +52,21 @@ pub struct Workload {
     /// batches instead of decoding one token at a time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculation: Option<Speculation>,
+    /// Sequences served side by side (a server's `-np`), each with this
+    /// prompt and these generated tokens. They decode together, one token
+    /// of each per ubatch, so decode runs at a tier of this many tokens (an
+    /// MoE layer then touches several tokens' experts at once), and the
+    /// prediction's decode speed is theirs in total.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub parallel: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 impl Default for Workload {
@@ -60,7 +75,15 @@ impl Default for Workload {
             prompt_tokens: 4096,
             gen_tokens: 64,
             speculation: None,
+            parallel: 1,
         }
+    }
+}
+
+impl Workload {
+    /// Tokens of one decode ubatch: one of each sequence decoding together.
+    pub fn decode_tokens(&self) -> u32 {
+        self.parallel.max(1)
     }
 }
 
@@ -323,7 +346,8 @@ pub struct Plan {
 
 impl Plan {
     /// Predicted seconds for the whole workload: the prompt, then the
-    /// generated tokens.
+    /// generated tokens (per sequence where several decode together:
+    /// `decode_tok_s` is theirs in total).
     pub fn predicted_seconds(&self) -> f64 {
         self.predicted.ttft_s + self.workload.gen_tokens as f64 / self.predicted.decode_tok_s.max(1e-12)
     }

@@ -72,14 +72,21 @@ fn table(plan: &Plan) -> String {
         );
     }
     let p = &plan.predicted;
+    let par = plan.workload.decode_tokens();
     let _ = writeln!(
         s,
-        "predicted for {} prompt + {} generated tokens: TTFT {:.3} s ({:.0} tok/s), decode {:.1} tok/s ({:?} streaming, host weights {})",
+        "predicted for {} prompt + {} generated tokens{}: TTFT {:.3} s ({:.0} tok/s), decode {:.1} tok/s{} ({:?} streaming, host weights {})",
         plan.workload.prompt_tokens,
         plan.workload.gen_tokens,
+        if par > 1 {
+            format!(" in each of {par} sequences decoding together (tier n={par})")
+        } else {
+            String::new()
+        },
         p.ttft_s,
         p.prompt_tok_s,
         p.decode_tok_s,
+        if par > 1 { " in total" } else { "" },
         plan.streaming,
         if plan.pinned { "pinned" } else { "pageable" }
     );

@@ -295,10 +295,10 @@ impl MachineProfile {
             .filter(|s| s.device == device && s.experts.is_some() && !s.link_busy)
             .collect();
         let ty_name = nearest_type(&samples, ty);
-        let best = ty_name.and_then(|name| {
+        let best = ty_name.as_ref().and_then(|name| {
             samples
                 .iter()
-                .filter(|s| s.ty == name)
+                .filter(|s| &s.ty == name)
                 .min_by(|a, b| closer_in_batch(a.tokens, b.tokens, tokens))
         });
         // Work = distinct experts touched x expert size x tokens per expert.
@@ -307,9 +307,43 @@ impl MachineProfile {
             let (se, su) = s.experts.unwrap_or((1, 1));
             touched(se as f64, su as f64, s.tokens as f64) * (s.k * s.n) as f64
         };
+        let w = touched(n_expert as f64, n_used as f64, tokens as f64) * (k * n) as f64;
+        // Between one token and the first measured batch, the seconds per
+        // unit of work (an expert's weights read once per distinct expert
+        // touched) go from one to the other, log-linearly in the batch:
+        // scaling the nearer sample's seconds by the batch would count every
+        // token's read of an expert that the tokens share (the H200
+        // profile priced a 4-token ubatch's GPU experts at 22 times one
+        // token's, and the CPU's above its own 16-token sample). Between two
+        // batches the time stays linear in tokens (below).
+        if let Some(name) = &ty_name {
+            let of_type: Vec<&&MatmulSample> = samples.iter().filter(|s| &s.ty == name).collect();
+            let t = tokens as i64;
+            // The sample of most work at the nearest measured batch below and above.
+            let side = |below: bool| {
+                of_type
+                    .iter()
+                    .filter(|s| if below { s.tokens < t } else { s.tokens > t })
+                    .max_by(|a, b| {
+                        let ka = if below { a.tokens } else { -a.tokens };
+                        let kb = if below { b.tokens } else { -b.tokens };
+                        ka.cmp(&kb).then(work(a).total_cmp(&work(b)))
+                    })
+                    .copied()
+            };
+            if !of_type.iter().any(|s| s.tokens == t) {
+                if let (Some(lo), Some(hi)) = (side(true).filter(|lo| lo.tokens <= 1), side(false)) {
+                    let (rl, rh) = (lo.seconds / work(lo), hi.seconds / work(hi));
+                    if rl > 0.0 && rh > 0.0 {
+                        let ln = |x: i64| (x.max(1) as f64).ln();
+                        let f = (ln(t) - ln(lo.tokens)) / (ln(hi.tokens) - ln(lo.tokens));
+                        return (rl.ln() * (1.0 - f) + rh.ln() * f).exp() * w;
+                    }
+                }
+            }
+        }
         match best {
             Some(s) => {
-                let w = touched(n_expert as f64, n_used as f64, tokens as f64) * (k * n) as f64;
                 // Two samples of this batch with different work give the
                 // op's fixed cost too: seconds = fixed + per-work x work.
                 let other = samples
@@ -594,6 +628,31 @@ mod tests {
         assert!((t(8192) - 3.2e-3).abs() < 1e-9, "{}", t(8192));
         // A ubatch below the nearest sample is no longer priced at its size.
         assert!(t(2048) < t(4096));
+    }
+
+    #[test]
+    fn an_expert_batch_between_two_measured_ones_costs_between_them() {
+        let expert = |tokens: i64, seconds: f64| MatmulSample {
+            experts: Some((128, 8)),
+            ..sample(Device::Cpu, "q4_0", tokens, seconds)
+        };
+        // The H200 host's CPU: 122 us for one token's 8 of 128 experts, 1.647 ms for 16 tokens.
+        let mut p = profile();
+        p.matmul.push(expert(1, 122e-6));
+        p.matmul.push(expert(16, 1.647e-3));
+        let t = |tokens| p.expert_seconds(Device::Cpu, GgmlType::Q4_0, 1024, 1024, (128, 8), tokens);
+        assert!((t(1) - 122e-6).abs() < 1e-12 && (t(16) - 1.647e-3).abs() < 1e-12);
+        // Four tokens touch ~29 distinct experts: more than one token's 8,
+        // fewer than sixteen tokens' ~81, read once each whatever the tokens.
+        let mut last = t(1);
+        for tokens in 2..16 {
+            assert!(t(tokens) > last && t(tokens) < t(16), "{tokens}: {}", t(tokens));
+            last = t(tokens);
+        }
+        let touched = |n: f64| 128.0 * (1.0 - (1.0 - 8.0 / 128.0f64).powf(n));
+        let (r1, r16) = (122e-6 / touched(1.0), 1.647e-3 / touched(16.0));
+        let r4 = (r1.ln() * 0.5 + r16.ln() * 0.5).exp();
+        assert!((t(4) - r4 * touched(4.0)).abs() < 1e-9, "{}", t(4));
     }
 
     #[test]

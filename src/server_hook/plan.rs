@@ -92,7 +92,7 @@ fn plan_target(
         move |source| ServeError::Plan { model, source }
     };
     let threads = cp.n_threads.unwrap_or_else(engine::default_threads);
-    let mut launch_req = launch::LaunchRequest::new(&req.model, &opts.pipeshard, threads, Workload::default())
+    let mut launch_req = launch::LaunchRequest::new(&req.model, &opts.pipeshard, threads, slots_workload(cp))
         .map_err(plan_err(&req.model))?;
     // The vision encoder's peak, measured for the largest image it takes,
     // when the projector runs pipeshard's way (see `on_projector`).
@@ -169,6 +169,18 @@ fn plan_target(
     }))
 }
 
+/// The workload the server plans for: the reference prompt and generated
+/// tokens in each slot, the slots decoding together, one token of each per
+/// ubatch, so that the plan prices that ubatch as a tier of its own
+/// (`n_seq_max` tokens) beside the prompt's and a lone slot's. Without it a
+/// 4-token ubatch took the prompt tier's decisions and was never priced.
+fn slots_workload(cp: &ContextParams) -> Workload {
+    Workload {
+        parallel: cp.n_seq_max.max(1),
+        ..Workload::default()
+    }
+}
+
 /// The batch upstream's slot loop fills under a plan: one plan ubatch per
 /// slot (at most the context), so prompts that arrive together are evaluated
 /// in one `llama_decode` and their slots start decoding together.
@@ -238,7 +250,7 @@ const DRAFT_N_MAX: u32 = 3;
 
 #[cfg(test)]
 mod tests {
-    use super::slots_batch;
+    use super::{slots_batch, slots_workload};
     use crate::engine::ContextParams;
 
     fn params(n_ctx: u32, n_batch: u32, n_ubatch: u32, n_seq_max: u32) -> ContextParams {
@@ -262,5 +274,16 @@ mod tests {
         assert_eq!(slots_batch(&params(17408, 8192, 1024, 4)), 8192);
         // Upstream resolves n_ctx before the hook; 0 would mean "the model's".
         assert_eq!(slots_batch(&params(0, 2048, 512, 8)), 4096);
+    }
+
+    #[test]
+    fn the_slots_decode_together_in_the_plan() {
+        // -np 4: the plan prices a 4-token decode ubatch; -np 1 (and
+        // upstream's 0, "auto", resolved before the hook) plan one sequence.
+        let w = slots_workload(&params(17408, 4096, 4096, 4));
+        assert_eq!((w.parallel, w.decode_tokens()), (4, 4));
+        assert_eq!(w.prompt_tokens, crate::plan::Workload::default().prompt_tokens);
+        assert_eq!(slots_workload(&params(4352, 4096, 4096, 1)).decode_tokens(), 1);
+        assert_eq!(slots_workload(&params(4352, 4096, 4096, 0)).decode_tokens(), 1);
     }
 }
