@@ -1955,11 +1955,11 @@ sf5() {
 
 # Session 11 (lead): issue 17's 10-minute soak on the merged build (patches
 # 0026 and 0027), session 9's H200 command. Three calls on one warm machine:
-#   s11a (carry .stash .whl/smol/part00)  s11b (carry .whl/smol/part01 .whl/smol/part02)
+#   s11soak1 (carry .stash .whl/smol/part00)  s11soak2 (carry .whl/smol/part01 .whl/smol/part02)
 #   s11soak (carry dist): starts the soak in its own session and waits ~570 s;
 #   s11collect (same call as the next runs): waits for it, copies the reports.
-s11a() { zunstash; mkdir -p /root/smol && cp .whl/smol/part00 /root/smol/; }
-s11b() {
+s11soak1() { zunstash; mkdir -p /root/smol && cp .whl/smol/part00 /root/smol/; }
+s11soak2() {
     mkdir -p /root/smol && cp .whl/smol/part01 .whl/smol/part02 /root/smol/
     cat /root/smol/part0* > /root/smol.gguf
     echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c
