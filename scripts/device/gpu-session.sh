@@ -1955,12 +1955,13 @@ sf5() {
 
 # Session 11 (lead): issue 17's 10-minute soak on the merged build (patches
 # 0026 and 0027), session 9's H200 command. Three calls on one warm machine:
-#   s11soak1 (carry .stash .whl/smol/part00)  s11soak2 (carry .whl/smol/part01 .whl/smol/part02)
+#   zunstash (carry .stash), then the model's parts (.whl/smol/part00..03, two
+#   at a time) into /root/smol, s11soak2 (joins them)
 #   s11soak (carry dist): starts the soak in its own session and waits ~570 s;
 #   s11collect (same call as the next runs): waits for it, copies the reports.
 s11soak1() { zunstash; mkdir -p /root/smol && cp .whl/smol/part00 /root/smol/; }
 s11soak2() {
-    mkdir -p /root/smol && cp .whl/smol/part01 .whl/smol/part02 /root/smol/
+    mkdir -p /root/smol && cp .whl/smol/part0* /root/smol/
     cat /root/smol/part0* > /root/smol.gguf
     echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c
 }
@@ -1973,7 +1974,12 @@ s11soak() {
     setsid nohup /root/s11/pipeshard fuzz-http -m /root/smol.gguf --mode soak --clients 32 --duration-s "${SOAK_S:-600}" \
         --server /root/s11/pipeshard-server --server-args "-c 16384 -np 32 -t 8 --cache-ram 0 -ngl 99" \
         --work-dir /root/s11w/soak --json > /root/s11w/soak.json 2> /root/s11w/soak.log < /dev/null &
-    sleep "${SOAK_WAIT_S:-570}"
+    local t
+    for t in $(seq $((${SOAK_WAIT_S:-570} / 5))); do
+        sleep 5
+        pgrep -f "fuzz-http -m /root/smol.gguf" > /dev/null || { echo "the soak ended after $((t * 5)) s"; break; }
+        [[ $t == 6 ]] && { tail -3 /root/s11w/soak.log; nvidia-smi --query-compute-apps=pid,used_memory --format=csv; }
+    done
     tail -3 /root/s11w/soak.log
 }
 s11collect() {
