@@ -338,11 +338,22 @@ fn the_sampling_thread_follows_a_trace_and_wakes_the_loop() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn tokens_stay_identical_across_a_live_demotion_in_exact_mode() {
+/// The default model under an exact plan with the real engine: a follower
+/// launched at `extra` bytes over the smallest budget, the model loaded on
+/// the CPU with movable weights, and the greedy tokens of a generation that
+/// moves nothing.
+struct ExactRun {
+    f: Follower,
+    plan0: Plan,
+    model: pipeshard::engine::Model,
+    cp: pipeshard::engine::ContextParams,
+    gen: pipeshard::generate::GenerateRequest,
+    reference: Vec<pipeshard::engine::Token>,
+}
+
+fn exact_run(extra: u64) -> ExactRun {
     use pipeshard::engine::{self, Context, ContextParams, Model, ModelParams, SamplingParams};
-    use pipeshard::generate::{generate, generate_between, GenerateRequest};
-    use pipeshard::launch::live;
+    use pipeshard::generate::{generate, GenerateRequest};
 
     let path = common::default_model_path();
     engine::init(None).unwrap();
@@ -355,13 +366,8 @@ fn tokens_stay_identical_across_a_live_demotion_in_exact_mode() {
         Err(plan::PlanError::BudgetTooSmall { minimum, .. }) => minimum,
         other => panic!("{other:?}"),
     };
-    // Launched with room for every weight; then the card leaves a little
-    // less than the plan uses: the model is small enough (66 MB of
-    // weights) that the re-plan, 256 MiB under the allowance, is the
-    // smallest plan, every weight on the host.
-    req.budget = minimum + 600 * MIB;
+    req.budget = minimum + extra;
     let plan0 = plan::make_plan(&info, &profile, &req).unwrap();
-    assert!(plan0.exact);
     let basis = ReplanBasis::new(info, profile, req, &plan0);
     let f = Follower::new(
         basis,
@@ -370,7 +376,6 @@ fn tokens_stay_identical_across_a_live_demotion_in_exact_mode() {
         Some(HEADROOM),
         Hooks::default(),
     );
-
     let model = Model::load(
         &path,
         ModelParams {
@@ -391,6 +396,35 @@ fn tokens_stay_identical_across_a_live_demotion_in_exact_mode() {
         let mut ctx = Context::new(&model, cp.clone()).unwrap();
         generate(&mut ctx, &gen, |_| true).unwrap().tokens
     };
+    ExactRun {
+        f,
+        plan0,
+        model,
+        cp,
+        gen,
+        reference,
+    }
+}
+
+#[test]
+fn tokens_stay_identical_across_a_live_demotion_in_exact_mode() {
+    use pipeshard::engine::Context;
+    use pipeshard::generate::generate_between;
+    use pipeshard::launch::live;
+
+    // Launched with room for every weight; then the card leaves a little
+    // less than the plan uses: the model is small enough (66 MB of
+    // weights) that the re-plan, 256 MiB under the allowance, is the
+    // smallest plan, every weight on the host.
+    let ExactRun {
+        f,
+        plan0,
+        model,
+        cp,
+        gen,
+        reference,
+    } = exact_run(600 * MIB);
+    assert!(plan0.exact);
 
     let mut ctx = Context::new(&model, cp).unwrap();
     let mut step = 0;
@@ -669,54 +703,20 @@ fn a_staged_promotion_no_longer_needed_is_cancelled() {
 /// those of a generation without it.
 #[test]
 fn tokens_stay_identical_across_a_staged_promotion() {
-    use pipeshard::engine::{self, Context, ContextParams, Model, ModelParams, SamplingParams};
-    use pipeshard::generate::{generate, generate_between, GenerateRequest};
+    use pipeshard::engine::Context;
+    use pipeshard::generate::generate_between;
     use pipeshard::launch::live::EngineMoves;
 
-    let path = common::default_model_path();
-    engine::init(None).unwrap();
-    let (_, info) = pipeshard::gguf::inspect(&path).unwrap();
-    let profile = fixture();
-    let n_ctx = 512;
-    let mut req = PlanRequest::new(0, n_ctx);
-    req.exact = true;
-    let minimum = match plan::make_plan(&info, &profile, &req) {
-        Err(plan::PlanError::BudgetTooSmall { minimum, .. }) => minimum,
-        other => panic!("{other:?}"),
-    };
     // Launched at the smallest plan (every weight on the host); then the
     // card leaves room for every weight.
-    req.budget = minimum;
-    let plan0 = plan::make_plan(&info, &profile, &req).unwrap();
-    let basis = ReplanBasis::new(info, profile, req, &plan0);
-    let f = Follower::new(
-        basis,
-        plan0.clone(),
-        plan0.vram.budget,
-        Some(HEADROOM),
-        Hooks::default(),
-    );
-
-    let model = Model::load(
-        &path,
-        ModelParams {
-            n_gpu_layers: 0,
-            use_mmap: false,
-            movable_weights: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let cp = ContextParams {
-        n_ctx: n_ctx as u32,
-        ..Default::default()
-    };
-    let prompt = model.tokenize("The three primary colours are", true, false).unwrap();
-    let gen = GenerateRequest::new(prompt, 24, SamplingParams::greedy());
-    let reference = {
-        let mut ctx = Context::new(&model, cp.clone()).unwrap();
-        generate(&mut ctx, &gen, |_| true).unwrap().tokens
-    };
+    let ExactRun {
+        f,
+        plan0,
+        model,
+        cp,
+        gen,
+        reference,
+    } = exact_run(0);
 
     let mut ctx = Context::new(&model, cp).unwrap();
     let mut step = 0;

@@ -71,6 +71,22 @@ fn wait_processing(s: &ServerProc, id: u64, within: Duration) {
     panic!("slot {id} did not start within {within:?}");
 }
 
+/// Closes a client's connection and polls `/slots` every 2 ms until slot
+/// `id` no longer processes: when the connection was closed, and when the
+/// slot was seen free (None if not within `within`).
+fn drop_and_wait_free(s: &ServerProc, c: TcpStream, id: u64, within: Duration) -> (Instant, Option<Instant>) {
+    let t_drop = Instant::now();
+    c.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(c);
+    while t_drop.elapsed() < within {
+        if slot(s, id).is_some_and(|v| v["is_processing"] != json!(true)) {
+            return (t_drop, Some(Instant::now()));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    (t_drop, None)
+}
+
 /// Sets the flag when dropped, also while a panic unwinds, so that the
 /// threads of a scope that watch it end and the panic is reported.
 struct StopOnDrop<'a>(&'a AtomicBool);
@@ -209,17 +225,8 @@ fn a_disconnected_client_frees_its_slot_while_other_streams_run() {
             );
             wait_processing(&s, 0, Duration::from_secs(30));
             std::thread::sleep(Duration::from_millis(500));
-            let t_drop = Instant::now();
-            c.shutdown(std::net::Shutdown::Both).unwrap();
-            drop(c);
-            let mut freed = None;
-            while t_drop.elapsed() < Duration::from_secs(20) {
-                if slot(&s, 0).is_some_and(|v| v["is_processing"] != json!(true)) {
-                    freed = Some(t_drop.elapsed().as_secs_f64() * 1000.0);
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
+            let (t_drop, freed) = drop_and_wait_free(&s, c, 0, Duration::from_secs(20));
+            let freed = freed.map(|t| (t - t_drop).as_secs_f64() * 1000.0);
             freed_ms.push(freed.expect("slot 0 still busy 20 s after its client left"));
         }
         freed_ms
@@ -304,17 +311,8 @@ fn a_disconnected_client_frees_its_slot_before_the_rest_of_the_step() {
                     event_times.push(Instant::now());
                 }
             }
-            let t_drop = Instant::now();
-            c.shutdown(std::net::Shutdown::Both).unwrap();
-            drop(c);
-            let mut freed = None;
-            while t_drop.elapsed() < Duration::from_secs(20) {
-                if slot(&s, 0).is_some_and(|v| v["is_processing"] != json!(true)) {
-                    freed = Some(t_drop.elapsed().as_secs_f64() * 1000.0);
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
+            let (t_drop, freed) = drop_and_wait_free(&s, c, 0, Duration::from_secs(20));
+            let freed = freed.map(|t| (t - t_drop).as_secs_f64() * 1000.0);
             let freed = freed.expect("slot 0 still busy 20 s after its client left");
             // A step: the time between two of slot 0's tokens (the first
             // also waited for its prompt).
@@ -391,16 +389,7 @@ fn a_disconnected_client_frees_its_slot_while_the_decode_runs() {
         let first = scope.spawn(move || first_event(c1));
         wait_processing(&s, 1, Duration::from_secs(30));
         std::thread::sleep(Duration::from_millis(300));
-        let t_drop = Instant::now();
-        c0.shutdown(std::net::Shutdown::Both).unwrap();
-        let mut freed_at = None;
-        while t_drop.elapsed() < Duration::from_secs(60) {
-            if slot(&s, 0).is_some_and(|v| v["is_processing"] != json!(true)) {
-                freed_at = Some(Instant::now());
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        let (t_drop, freed_at) = drop_and_wait_free(&s, c0, 0, Duration::from_secs(60));
         let first_token_at = first.join().unwrap().expect("no token from slot 1 within a minute");
         (
             t_drop,

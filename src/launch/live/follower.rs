@@ -508,39 +508,30 @@ fn step(s: &Shared, now: Duration, sample: Option<CardSample>) {
         if pending.take().is_some() {
             tracing::info!("re-plan: the posted migration is no longer needed");
         }
-        if lock(&s.staged).is_some() {
-            // Nor is the staged promotion: post nothing to move, which
-            // cancels it.
-            *pending = Some(Pending {
-                replanned,
-                moves,
-                slots,
-                allowance,
-                decided: Instant::now(),
-            });
-            drop(pending);
-            (s.hooks.wake)();
+        if lock(&s.staged).is_none() {
+            s.stats
+                .in_force(replanned.budget, lock(&s.in_force).predicted.decode_tok_s);
             return;
         }
-        s.stats
-            .in_force(replanned.budget, lock(&s.in_force).predicted.decode_tok_s);
-        return;
+        // Nor is the staged promotion: post nothing to move, which cancels
+        // it.
+    } else {
+        let (freed, taken) = device_bytes(&moves);
+        tracing::info!(
+            "the card's allowance {} {} (others use {} of {}, this process {}): re-planned for {}: {} weights to move, {} off the GPU, {} onto it{}; predicted {:.1} tok/s",
+            fmt_bytes(allowance),
+            what,
+            fmt_bytes(sample.others),
+            fmt_bytes(sample.total),
+            fmt_bytes(own),
+            fmt_bytes(plan_budget),
+            moves.len(),
+            fmt_bytes(freed),
+            fmt_bytes(taken),
+            slots.map_or(String::new(), |n| format!(", {} stream slots", n.n)),
+            replanned.plan.predicted.decode_tok_s
+        );
     }
-    let (freed, taken) = device_bytes(&moves);
-    tracing::info!(
-        "the card's allowance {} {} (others use {} of {}, this process {}): re-planned for {}: {} weights to move, {} off the GPU, {} onto it{}; predicted {:.1} tok/s",
-        fmt_bytes(allowance),
-        what,
-        fmt_bytes(sample.others),
-        fmt_bytes(sample.total),
-        fmt_bytes(own),
-        fmt_bytes(plan_budget),
-        moves.len(),
-        fmt_bytes(freed),
-        fmt_bytes(taken),
-        slots.map_or(String::new(), |n| format!(", {} stream slots", n.n)),
-        replanned.plan.predicted.decode_tok_s
-    );
     *pending = Some(Pending {
         replanned,
         moves,
