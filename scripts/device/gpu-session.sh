@@ -1483,34 +1483,13 @@ s10live() {
         # phase's level: the speed reference of a fresh start at that budget.
         local lvl
         for lvl in $LIVE_FRESH_LEVELS; do
-            rm -f "$stop"
             echo "$lvl" > "$ctl"
             python3 "$LIVE_PY" filler "$ctl" "${LIVE_FREE:-8}" > "$RES/live-fresh-auto-$lvl.filler" 2>&1 &
             filler=$!
             for _ in $(seq 120); do grep -q extra_gib "$RES/live-fresh-auto-$lvl.filler" && break; sleep 0.5; done
             cat "$RES/live-fresh-auto-$lvl.filler"
-            dist/pipeshard-server --host 127.0.0.1 --port $port --metrics \
-                -t 16 -fa on -ctk f16 -ctv f16 --profile "$RES/profile.yaml" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified \
-                --vram-budget auto --vram-headroom "${LIVE_HEADROOM:-1GiB}" > "$RES/live-fresh-auto-$lvl.log" 2>&1 &
-            spid=$!
-            ok=
-            for _ in $(seq 600); do
-                curl -sf "http://127.0.0.1:$port/health" >/dev/null && { ok=1; break; }
-                kill -0 $spid 2>/dev/null || break
-                sleep 0.5
-            done
-            if [[ -n $ok ]]; then
-                grep -E "pipeshard plan for|follows the card" "$RES/live-fresh-auto-$lvl.log" || true
-                python3 "$LIVE_PY" clients $port 4 "$stop" "$RES/live-fresh-auto-$lvl.requests" &
-                cl=$!
-                sleep "${LIVE_FRESH_S:-12}"; touch "$stop"; wait $cl || true
-                python3 -c 'import json,sys
-r=[json.loads(l) for l in open(sys.argv[1])]; r=[x for x in r if not x.get("probe")]; s=[x["predicted_per_second"] for x in r[4:] if x["ok"]] or [x["predicted_per_second"] for x in r if x["ok"]]
-print("fresh under auto, filler +%s GiB: %d requests, %d failed, decode %.1f tok/s each (mean)" % (sys.argv[2], len(r), sum(not x["ok"] for x in r), sum(s)/max(len(s),1)))' "$RES/live-fresh-auto-$lvl.requests" "$lvl" | tee -a "$RES/live.fresh"
-            else
-                tail -5 "$RES/live-fresh-auto-$lvl.log"
-            fi
-            kill $spid 2>/dev/null || true; wait $spid 2>/dev/null || true
+            live_fresh "live-fresh-auto-$lvl" "fresh under auto, filler +$lvl GiB" \
+                --vram-budget auto --vram-headroom "${LIVE_HEADROOM:-1GiB}"
             echo -1 > "$ctl"; wait $filler 2>/dev/null || true
         done
         return 0
@@ -1526,29 +1505,37 @@ for p in json.load(open(sys.argv[1]))["phases"]:
     if b and all(abs(b - x) > 0.5 for x in seen):
         seen.append(b)
         print(int(b * 2**30))' "$RES/live.summary.json"); do
-        rm -f "$stop"
-        dist/pipeshard-server --host 127.0.0.1 --port $port --metrics -t 16 -fa on -ctk f16 -ctv f16 \
-            --profile "$RES/profile.yaml" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified --vram-budget "$b" \
-            > "$RES/live-fresh-$b.log" 2>&1 &
-        spid=$!
-        ok=
-        for _ in $(seq 600); do
-            curl -sf "http://127.0.0.1:$port/health" >/dev/null && { ok=1; break; }
-            kill -0 $spid 2>/dev/null || break
-            sleep 0.5
-        done
-        if [[ -n $ok ]]; then
-            python3 "$LIVE_PY" clients $port 4 "$stop" "$RES/live-fresh-$b.requests" &
-            cl=$!
-            sleep "${LIVE_FRESH_S:-12}"; touch "$stop"; wait $cl || true
-            python3 -c 'import json,sys
-r=[json.loads(l) for l in open(sys.argv[1])]; r=[x for x in r if not x.get("probe")]; s=[x["predicted_per_second"] for x in r[4:] if x["ok"]] or [x["predicted_per_second"] for x in r if x["ok"]]
-print("fresh at %s bytes: %d requests, decode %.1f tok/s each (mean)" % (sys.argv[2], len(r), sum(s)/max(len(s),1)))' "$RES/live-fresh-$b.requests" "$b" | tee -a "$RES/live.fresh"
-        else
-            tail -5 "$RES/live-fresh-$b.log"
-        fi
-        kill $spid 2>/dev/null || true; wait $spid 2>/dev/null || true
+        live_fresh "live-fresh-$b" "fresh at $b bytes" --vram-budget "$b"
     done
+}
+
+# One fresh server for s10live's speed reference: R2 as the live run serves
+# it, with the given budget flags, 4 clients for LIVE_FRESH_S seconds (the
+# first round left out); its mean decode per client goes to live.fresh.
+live_fresh() { # NAME LABEL BUDGET-FLAGS...
+    local name=$1 label=$2; shift 2
+    local port=18090 stop=$W/clients.stop spid cl ok=
+    rm -f "$stop"
+    dist/pipeshard-server --host 127.0.0.1 --port $port --metrics -t 16 -fa on -ctk f16 -ctv f16 \
+        --profile "$RES/profile.yaml" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified "$@" > "$RES/$name.log" 2>&1 &
+    spid=$!
+    for _ in $(seq 600); do
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null && { ok=1; break; }
+        kill -0 $spid 2>/dev/null || break
+        sleep 0.5
+    done
+    if [[ -n $ok ]]; then
+        grep -E "pipeshard plan for|follows the card" "$RES/$name.log" || true
+        python3 "$LIVE_PY" clients $port 4 "$stop" "$RES/$name.requests" &
+        cl=$!
+        sleep "${LIVE_FRESH_S:-12}"; touch "$stop"; wait $cl || true
+        python3 -c 'import json,sys
+r=[json.loads(l) for l in open(sys.argv[1])]; r=[x for x in r if not x.get("probe")]; s=[x["predicted_per_second"] for x in r[4:] if x["ok"]] or [x["predicted_per_second"] for x in r if x["ok"]]
+print("%s: %d requests, %d failed, decode %.1f tok/s each (mean)" % (sys.argv[2], len(r), sum(not x["ok"] for x in r), sum(s)/max(len(s),1)))' "$RES/$name.requests" "$label" | tee -a "$RES/live.fresh"
+    else
+        tail -5 "$RES/$name.log"
+    fi
+    kill $spid 2>/dev/null || true; wait $spid 2>/dev/null || true
 }
 
 # Issue 18, engine half (patch 0023), after zunstash with dist/ carried
