@@ -5,8 +5,7 @@
 
 mod common;
 
-use common::{cpu_buffer_type as cpu, load_on_plain_cpu as load};
-use pipeshard::bench::lossless::argmax;
+use common::{cpu_buffer_type as cpu, greedy, load_on_plain_cpu as load};
 use pipeshard::engine::{
     cancel_staged, commit_staged, migrate_weights, migrate_weights_to, move_weights, stage_state, stage_weights,
     stage_weights_to, BufferType, Context, ContextParams, EngineError, Model, Residence, StageState, Token, WeightMove,
@@ -23,26 +22,6 @@ fn prompt(model: &Model) -> Vec<Token> {
     model
         .tokenize("The capital of France is a city where", true, false)
         .unwrap()
-}
-
-/// Greedy decoding of `n` tokens, one token per decode; `between(i, ctx)`
-/// runs after the i-th token is chosen and before it is decoded.
-fn greedy(
-    ctx: &mut Context<'_>,
-    prompt: &[Token],
-    n: usize,
-    mut between: impl FnMut(usize, &mut Context<'_>),
-) -> Vec<Token> {
-    ctx.clear();
-    ctx.decode_tokens(prompt, 0, true).unwrap();
-    let mut out = Vec::new();
-    for i in 0..n {
-        let t = argmax(ctx.logits(-1).unwrap());
-        out.push(t);
-        between(i, ctx);
-        ctx.decode_tokens(&[t], (prompt.len() + i) as i32, true).unwrap();
-    }
-    out
 }
 
 fn model_bytes(ctx: &Context<'_>, buffer_type: &str) -> u64 {

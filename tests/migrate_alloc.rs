@@ -12,9 +12,9 @@ mod common;
 use std::process::Command;
 use std::sync::Mutex;
 
-use common::{cpu_buffer_type, load_on_plain_cpu};
+use common::{cpu_buffer_type, greedy, load_on_plain_cpu};
 use pipeshard::bench::lossless::argmax;
-use pipeshard::engine::{migrate_weights_to, move_weights, BufferType, Context, ContextParams, EngineError, Token};
+use pipeshard::engine::{migrate_weights_to, move_weights, BufferType, Context, ContextParams, EngineError};
 
 /// The address-space cap is the whole process's: one test at a time.
 static CAP: Mutex<()> = Mutex::new(());
@@ -43,18 +43,6 @@ fn set_soft_as_limit(limit: &str) {
     );
 }
 
-fn greedy(ctx: &mut Context<'_>, prompt: &[Token], n: usize) -> Vec<Token> {
-    ctx.clear();
-    ctx.decode_tokens(prompt, 0, true).unwrap();
-    let mut out = Vec::new();
-    for i in 0..n {
-        let t = argmax(ctx.logits(-1).unwrap());
-        out.push(t);
-        ctx.decode_tokens(&[t], (prompt.len() + i) as i32, true).unwrap();
-    }
-    out
-}
-
 #[test]
 fn a_failed_allocation_moves_nothing() {
     let _turn = CAP.lock().unwrap_or_else(|e| e.into_inner());
@@ -64,7 +52,7 @@ fn a_failed_allocation_moves_nothing() {
     let model = load_on_plain_cpu(true, true);
     let prompt = model.tokenize("Once upon a time", true, false).unwrap();
     let mut ctx = Context::new(&model, common::small_context_params()).unwrap();
-    let reference = greedy(&mut ctx, &prompt, 12);
+    let reference = greedy(&mut ctx, &prompt, 12, |_, _| {});
     let before = format!("{:?}", ctx.memory_breakdown());
 
     let gguf = pipeshard::gguf::GgufFile::open(model.path()).unwrap();
@@ -90,7 +78,7 @@ fn a_failed_allocation_moves_nothing() {
         before,
         "a failed move kept memory"
     );
-    assert_eq!(greedy(&mut ctx, &prompt, 12), reference);
+    assert_eq!(greedy(&mut ctx, &prompt, 12, |_, _| {}), reference);
 
     assert_eq!(
         ctx.context_ref().weight_buffer_type(&names[0]).map(|b| b.name()),
@@ -108,7 +96,7 @@ fn a_failed_allocation_moves_nothing() {
             .sum()
     };
     assert_eq!((model_bytes("CPU_Mapped"), model_bytes("CPU")), (0, total));
-    assert_eq!(greedy(&mut ctx, &prompt, 12), reference);
+    assert_eq!(greedy(&mut ctx, &prompt, 12, |_, _| {}), reference);
 }
 
 #[test]
@@ -126,7 +114,7 @@ fn a_move_keeps_the_compute_buffers_and_a_failed_reservation_fails_the_decode_cl
         ..common::small_context_params()
     };
     let mut ctx = Context::new(&model, params).unwrap();
-    let reference = greedy(&mut ctx, &prompt, 12);
+    let reference = greedy(&mut ctx, &prompt, 12, |_, _| {});
     let compute: u64 = ctx.memory_breakdown().iter().map(|m| m.compute).sum();
     // Room for building graphs, not for the compute buffers.
     let margin = compute / 2;

@@ -6,7 +6,8 @@ use std::sync::OnceLock;
 
 use std::sync::Arc;
 
-use pipeshard::engine::{buffer_types, BufferType, Model, ModelParams};
+use pipeshard::bench::lossless::argmax;
+use pipeshard::engine::{buffer_types, BufferType, Context, Model, ModelParams, Token};
 
 /// The real default model (SmolLM2-135M-Instruct), fetched once.
 pub fn default_model_path() -> PathBuf {
@@ -121,3 +122,23 @@ pub fn small_context_params() -> pipeshard::engine::ContextParams {
     }
 }
 pub mod server;
+
+/// Greedy decoding of `n` tokens, one token per decode; `between(i, ctx)`
+/// runs after the i-th token is chosen and before it is decoded.
+pub fn greedy(
+    ctx: &mut Context<'_>,
+    prompt: &[Token],
+    n: usize,
+    mut between: impl FnMut(usize, &mut Context<'_>),
+) -> Vec<Token> {
+    ctx.clear();
+    ctx.decode_tokens(prompt, 0, true).unwrap();
+    let mut out = Vec::new();
+    for i in 0..n {
+        let t = argmax(ctx.logits(-1).unwrap());
+        out.push(t);
+        between(i, ctx);
+        ctx.decode_tokens(&[t], (prompt.len() + i) as i32, true).unwrap();
+    }
+    out
+}
