@@ -119,31 +119,38 @@ pub fn metrics_text(budget: Option<u64>) -> String {
     ];
     let mut out = String::new();
     for (name, help, v) in rows {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        metric(&mut out, name, "gauge", help, v);
     }
-    let _ = writeln!(
-        out,
-        "# HELP pipeshard_plan_predicted_decode_tokens_per_second Decode speed the plan in force predicts (0 without a plan).\n# TYPE pipeshard_plan_predicted_decode_tokens_per_second gauge\npipeshard_plan_predicted_decode_tokens_per_second {}",
-        plan.map_or(0.0, |p| p.predicted.decode_tok_s)
+    metric(
+        &mut out,
+        "pipeshard_plan_predicted_decode_tokens_per_second",
+        "gauge",
+        "Decode speed the plan in force predicts (0 without a plan).",
+        plan.map_or(0.0, |p| p.predicted.decode_tok_s),
     );
     if let Some(live) = super::live::stats() {
         out.push_str(&live_metrics(&live));
     }
-    let name = "pipeshard_bytes_streamed_total";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Weight bytes copied from host memory to the GPU since the server started (streamed weights, or only the experts a MoE matmul used).\n# TYPE {name} counter\n{name} {}",
-        engine::weight_bytes_streamed()
+    metric(
+        &mut out,
+        "pipeshard_bytes_streamed_total",
+        "counter",
+        "Weight bytes copied from host memory to the GPU since the server started (streamed weights, or only the experts a MoE matmul used).",
+        engine::weight_bytes_streamed(),
     );
     out
+}
+
+/// One Prometheus metric in the text format: its help, its type and its
+/// value.
+fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
 }
 
 /// The live re-plan loop's metrics (`--vram-budget auto`).
 pub fn live_metrics(s: &crate::launch::live::Snapshot) -> String {
     let mut out = String::new();
-    let mut row = |name: &str, kind: &str, help: &str, v: String| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
-    };
+    let mut row = |name: &str, kind: &str, help: &str, v: String| metric(&mut out, name, kind, help, v);
     row(
         "pipeshard_vram_allowance_bytes",
         "gauge",
@@ -228,10 +235,12 @@ pub fn live_metrics(s: &crate::launch::live::Snapshot) -> String {
         "# HELP {name} Weight bytes moved by migrations, by destination.\n# TYPE {name} counter\n{name}{{to=\"host\"}} {}\n{name}{{to=\"device\"}} {}",
         s.bytes_to_host, s.bytes_to_device
     );
-    let _ = writeln!(
-        out,
-        "# HELP pipeshard_card_samples_total Samples of the card's memory the re-plan loop took.\n# TYPE pipeshard_card_samples_total counter\npipeshard_card_samples_total {}",
-        s.samples
+    metric(
+        &mut out,
+        "pipeshard_card_samples_total",
+        "counter",
+        "Samples of the card's memory the re-plan loop took.",
+        s.samples,
     );
     out
 }
