@@ -10,6 +10,7 @@ use super::model::{Model, Token};
 use super::placement::{
     moe_split_trampoline, offload_trampoline, row_split_trampoline, MoeSplitPolicy, OffloadPolicy, RowSplitPolicy,
 };
+use super::sampler::{Sampler, SamplingParams};
 
 /// Whether to use flash attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -229,8 +230,9 @@ pub struct Context<'m> {
     _offload: Option<Box<OffloadPolicy>>,
     _moe_split: Option<Box<MoeSplitPolicy>>,
     _row_split: Option<Box<RowSplitPolicy>>,
-    // The greedy chain of backend sampling; freed after the context.
-    greedy: Option<NonNull<ffi::llama_sampler>>,
+    // The greedy chain of backend sampling; a field, so it is freed after
+    // the context (in `drop`), which refers to it.
+    greedy: Option<Sampler>,
 }
 
 // SAFETY: a llama_context may move between threads; it is not shared (no Sync).
@@ -238,14 +240,10 @@ unsafe impl Send for Context<'_> {}
 
 impl Drop for Context<'_> {
     fn drop(&mut self) {
-        // SAFETY: all were created in `new` and are freed once; the context
-        // refers to the sampler chain, so the chain goes after it.
+        // SAFETY: both were created in `new` and are freed once.
         unsafe {
             ffi::llama_batch_free(self.batch);
             ffi::llama_free(self.ptr.as_ptr());
-            if let Some(g) = self.greedy {
-                ffi::llama_sampler_free(g.as_ptr());
-            }
         }
     }
 }
@@ -262,20 +260,10 @@ impl<'m> Context<'m> {
         let mut cp = unsafe { ffi::llama_context_default_params() };
         let (offload, moe_split, row_split) = params.write_c(&mut cp);
         cp.no_perf = false;
-        let greedy = if params.backend_greedy {
-            // SAFETY: a new chain that takes ownership of the new greedy
-            // sampler; freed below on failure, else with the context.
-            unsafe {
-                let mut sp = ffi::llama_sampler_chain_default_params();
-                sp.no_perf = true;
-                let chain = NonNull::new(ffi::llama_sampler_chain_init(sp))
-                    .ok_or_else(|| EngineError::InvalidArgument("sampler chain".into()))?;
-                ffi::llama_sampler_chain_add(chain.as_ptr(), ffi::llama_sampler_init_greedy());
-                Some(chain)
-            }
-        } else {
-            None
-        };
+        let greedy = params
+            .backend_greedy
+            .then(|| Sampler::new(model, &SamplingParams::greedy()))
+            .transpose()?;
         let mut configs: Vec<ffi::llama_sampler_seq_config> = greedy
             .iter()
             .map(|g| ffi::llama_sampler_seq_config {
@@ -291,16 +279,10 @@ impl<'m> Context<'m> {
         // SAFETY: model is valid for 'm, which the context cannot outlive.
         let raw = unsafe { ffi::llama_init_from_model(model.as_ptr(), cp) };
         drop(configs);
-        let ptr = NonNull::new(raw).ok_or_else(|| {
-            if let Some(g) = greedy {
-                // SAFETY: no context was made that refers to it.
-                unsafe { ffi::llama_sampler_free(g.as_ptr()) };
-            }
-            EngineError::ContextCreate {
-                n_ctx: params.n_ctx,
-                n_batch: params.n_batch,
-                n_ubatch: params.n_ubatch,
-            }
+        let ptr = NonNull::new(raw).ok_or(EngineError::ContextCreate {
+            n_ctx: params.n_ctx,
+            n_batch: params.n_batch,
+            n_ubatch: params.n_ubatch,
         })?;
         // SAFETY: plain query on the new context.
         let batch_cap = unsafe { ffi::llama_n_batch(ptr.as_ptr()) } as usize;
@@ -434,7 +416,7 @@ impl<'m> Context<'m> {
     /// `None` where it did not run (not asked for, or the device that
     /// computes the logits cannot run it: the logits are there instead).
     pub fn sampled_token(&mut self, i: i32) -> Option<Token> {
-        self.greedy?;
+        self.greedy.as_ref()?;
         // SAFETY: valid context; LLAMA_TOKEN_NULL for an output without one.
         let t = unsafe { ffi::llama_get_sampled_token_ith(self.ptr.as_ptr(), i) };
         (t != ffi::LLAMA_TOKEN_NULL).then_some(t)

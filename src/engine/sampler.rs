@@ -146,6 +146,11 @@ impl Sampler {
         unsafe { ffi::llama_sampler_sample(self.ptr.as_ptr(), ctx.as_ptr(), idx) }
     }
 
+    /// The chain, for llama.cpp calls that take it (backend sampling).
+    pub(crate) fn as_ptr(&self) -> *mut ffi::llama_sampler {
+        self.ptr.as_ptr()
+    }
+
     /// Feed a token (e.g. from the prompt) to the chain's history.
     pub fn accept(&mut self, token: Token) {
         // SAFETY: valid chain.
