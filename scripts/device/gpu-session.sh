@@ -1044,8 +1044,7 @@ s8g() {
 # cases (one report each) while the call has time for another.
 s8fuzz() {
     local first=$1 n=$2 c t0=$SECONDS
-    [[ -f /root/smol.gguf ]] || cat /root/smol/part0* > /root/smol.gguf
-    echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c
+    s9model
     for ((c = first; c < first + n; c += 1000)); do
         (( SECONDS - t0 > 420 )) && { echo "fuzz: out of time before case $c"; break; }
         timeout 170 $P fuzz-http -m /root/smol.gguf --seed 10001 --first-case "$c" --cases 1000 --jobs 8 --known all \
@@ -1248,8 +1247,10 @@ s9vl() {
 ts() { # CPUS: the taskset prefix, where the machine has taskset
     command -v taskset > /dev/null && echo "taskset -c $1" || true
 }
+# The default model from its parts in /root/smol (joined again unless an
+# earlier join already checks out), checked against its SHA-256.
 s9model() {
-    [[ -f /root/smol.gguf ]] || cat /root/smol/part0* > /root/smol.gguf
+    echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c --status 2>/dev/null || cat /root/smol/part0* > /root/smol.gguf
     echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c
 }
 s9soak() {
@@ -1906,8 +1907,7 @@ sfsoak() { # NAME SERVER SECONDS
 }
 sf3() {
     sf2
-    cat /root/smol/part0* > /root/smol.gguf
-    echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c
+    s9model
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/machine.txt"
     lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/machine.txt"
     sfsoak after /root/sf/dist/pipeshard-server "${SF_AFTER_S:-130}"
@@ -1929,8 +1929,7 @@ sf4() {
 # carried): the model, then only the soak with patches 0026 and 0027.
 sf5() {
     sf2
-    cat /root/smol/part0* > /root/smol.gguf
-    echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c
+    s9model
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/machine.txt"
     lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/machine.txt"
     local d=/root/sf/p27
@@ -1949,8 +1948,7 @@ sf5() {
 s11soak1() { zunstash; mkdir -p /root/smol && cp .whl/smol/part00 /root/smol/; }
 s11soak2() {
     mkdir -p /root/smol && cp .whl/smol/part0* /root/smol/
-    cat /root/smol/part0* > /root/smol.gguf
-    echo "$SMOL_SHA  /root/smol.gguf" | sha256sum -c
+    s9model
 }
 s11soak() {
     rm -rf /root/s11 && cp -a dist /root/s11 && cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so /root/s11/lib/
