@@ -1976,4 +1976,30 @@ s11collect() {
     tail -5 /root/s11w/soak.log
 }
 
+
+# Session 12, issue 14's four clients (branch four-clients, patch 0029's
+# greedy fast path in common_sampler). After zunstash, one call carrying
+# .whl/four-clients (its dist/, and base/: main's pipeshard-server and
+# libllama-common.so.0, the only library the patch changes): R2 with four
+# clients on this build, on main's, with upstream's --backend-sampling
+# (default chain, and a chain the backend can run whole), one client, and
+# upstream's --cpu-moe; all without the nvidia-smi loop (SMI=0).
+s12fc() {
+    rm -rf dist && cp -a .whl/four-clients/dist dist
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    mkdir -p dist/base && cp .whl/four-clients/base/* dist/base/ && ln -sfn ../lib dist/base/lib
+    local sb=.whl/four-clients/server-bench.sh base=dist/base/pipeshard-server
+    export SMI=0 GGML_SCHED_TIMING=1
+    bash $sb r2_4 r2-4-fast --vram-budget 4GiB -lv 4 || true
+    PIPESHARD_SERVER=$base bash $sb r2_4 r2-4-base --vram-budget 4GiB -lv 4 || true
+    bash $sb r2_4 r2-4-bs --vram-budget 4GiB -lv 4 -bs || true
+    bash $sb r2_4 r2-4-bs-tk --vram-budget 4GiB -lv 4 -bs --samplers "top_k;temperature" || true
+    bash $sb r2_1 r2-1-fast --vram-budget 4GiB -lv 4 || true
+    unset GGML_SCHED_TIMING
+    ROUNDS=1 bash $sb r2_4 r2-4-up-cpumoe --cpu-moe -ngl 99 || true
+    GGML_SCHED_TIMING=1 bash $sb r2_4 r2-4-fast-b --vram-budget 4GiB -lv 4 || true
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+
 "$@"
