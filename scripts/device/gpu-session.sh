@@ -1979,26 +1979,70 @@ s11collect() {
 
 # Session 12, issue 14's four clients (branch four-clients, patch 0029's
 # greedy fast path in common_sampler). After zunstash, one call carrying
-# .whl/four-clients (its dist/, and base/: main's pipeshard-server and
-# libllama-common.so.0, the only library the patch changes): R2 with four
-# clients on this build, on main's, with upstream's --backend-sampling
-# (default chain, and a chain the backend can run whole), one client, and
-# upstream's --cpu-moe; all without the nvidia-smi loop (SMI=0).
-s12fc() {
+# .whl/four-clients: its dist/ (without the sources for building the CUDA
+# module and upstream's bench); base/, main's libllama-common.so.0 (the only
+# library the patch changes; main's pipeshard-server is the same); tim/, the
+# server library built with upstream's DEBUG_TIMINGS (the loop's pre-decode,
+# decode, post-decode and per-slot sampling averages every 5 s). R2 with four
+# clients on this build and on main's, with and without those timings, with
+# upstream's --backend-sampling (default chain, and a chain the backend can
+# run whole), one client, and upstream's --cpu-moe; all without the
+# nvidia-smi loop (SMI=0). Rows that would not end within the call's 600 s
+# are left out.
+s12prep() {
     rm -rf dist && cp -a .whl/four-clients/dist dist
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
     ZUPSTREAM=0 zprep
-    mkdir -p dist/base && cp .whl/four-clients/base/* dist/base/ && ln -sfn ../lib dist/base/lib
-    local sb=.whl/four-clients/server-bench.sh base=dist/base/pipeshard-server
+    local v
+    for v in base timing base-timing; do mkdir -p dist/$v && ln -sfn ../lib dist/$v/lib && cp dist/pipeshard-server dist/$v/; done
+    xz -dc .whl/four-clients/base/libllama-common.so.0.xz > dist/base/libllama-common.so.0
+    xz -dc .whl/four-clients/tim/libllama-server-impl.so.xz > dist/timing/libllama-server-impl.so
+    cp dist/base/libllama-common.so.0 dist/timing/libllama-server-impl.so dist/base-timing/
+}
+# row NAME SERVER-DIR|- r2_4|r2_1 ARGS...: one server-bench row with the
+# server in dist/SERVER-DIR (- for dist/), unless the call is past S12_STOP_S.
+s12row() {
+    local name=$1 dir=$2 what=$3 sb=.whl/four-clients/server-bench.sh; shift 3
+    (( SECONDS < ${S12_STOP_S:-480} )) || { echo "$name: left out (${SECONDS} s)"; return 0; }
+    if [[ $dir == - ]]; then bash $sb $what $name "$@" || true
+    else PIPESHARD_SERVER=dist/$dir/pipeshard-server bash $sb $what $name "$@" || true; fi
+    echo "$name: done at ${SECONDS} s"
+}
+s12fc() {
+    s12prep
     export SMI=0 GGML_SCHED_TIMING=1
-    bash $sb r2_4 r2-4-fast --vram-budget 4GiB -lv 4 || true
-    PIPESHARD_SERVER=$base bash $sb r2_4 r2-4-base --vram-budget 4GiB -lv 4 || true
-    bash $sb r2_4 r2-4-bs --vram-budget 4GiB -lv 4 -bs || true
-    bash $sb r2_4 r2-4-bs-tk --vram-budget 4GiB -lv 4 -bs --samplers "top_k;temperature" || true
-    bash $sb r2_1 r2-1-fast --vram-budget 4GiB -lv 4 || true
-    unset GGML_SCHED_TIMING
-    ROUNDS=1 bash $sb r2_4 r2-4-up-cpumoe --cpu-moe -ngl 99 || true
-    GGML_SCHED_TIMING=1 bash $sb r2_4 r2-4-fast-b --vram-budget 4GiB -lv 4 || true
+    row() { s12row "$@"; }
+    row r2-4-fast - r2_4 --vram-budget 4GiB -lv 4
+    row r2-4-base base r2_4 --vram-budget 4GiB -lv 4
+    row r2-4-fast-t timing r2_4 --vram-budget 4GiB -lv 4
+    row r2-4-base-t base-timing r2_4 --vram-budget 4GiB -lv 4
+    row r2-4-bs - r2_4 --vram-budget 4GiB -lv 4 -bs
+    row r2-4-bs-tk - r2_4 --vram-budget 4GiB -lv 4 -bs --samplers "top_k;temperature"
+    row r2-1-fast - r2_1 --vram-budget 4GiB -lv 4
+    GGML_SCHED_TIMING=0 ROUNDS=1 row r2-4-up-cpumoe - r2_4 --cpu-moe -ngl 99
+    row r2-4-fast-b - r2_4 --vram-budget 4GiB -lv 4
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+# s12fc2 (after zunstash, same carry): the four clients again, this build
+# and main's alternating, four rounds each (round 1 as the prompts arrive,
+# rounds 2-4 usually in one batch).
+s12fc2() {
+    s12prep
+    export SMI=0 GGML_SCHED_TIMING=1 ROUNDS=4
+    s12row r2-4-fast-c - r2_4 --vram-budget 4GiB -lv 4
+    s12row r2-4-base-c base r2_4 --vram-budget 4GiB -lv 4
+    s12row r2-4-fast-d - r2_4 --vram-budget 4GiB -lv 4
+    s12row r2-4-base-d base r2_4 --vram-budget 4GiB -lv 4
+    s12row r2-4-fast-e - r2_4 --vram-budget 4GiB -lv 4
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+# s12fc3 (after zunstash, same carry): "3+1" arrival, the fourth prompt sent
+# 0.3 s after the other three (server-bench's LATE_S), this build and main's.
+s12fc3() {
+    s12prep
+    export SMI=0 GGML_SCHED_TIMING=1 ROUNDS=3 LATE_S=0.3
+    s12row r2-4-fast-late - r2_4 --vram-budget 4GiB -lv 4
+    s12row r2-4-base-late base r2_4 --vram-budget 4GiB -lv 4
     tar czf "$OUT/results.tgz" -C "$W" results
 }
 
