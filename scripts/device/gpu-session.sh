@@ -2036,13 +2036,18 @@ s12fc2() {
     s12row r2-4-fast-e - r2_4 --vram-budget 4GiB -lv 4
     tar czf "$OUT/results.tgz" -C "$W" results
 }
-# s12fc3 (after zunstash, same carry): "3+1" arrival, the fourth prompt sent
-# 0.3 s after the other three (server-bench's LATE_S), this build and main's.
+# s12fc3 (after zunstash, same carry): the fourth prompt sent LATE_S seconds
+# after the other three (server-bench's LATE_S), this build and main's; rows
+# named r2-4-*-lateSFX. With 0.3 s the first round still arrived 1+3 and the
+# later rounds in one batch (the server was still saving the previous
+# round's prompts when the four arrived); with 2 s the later rounds arrive
+# 3+1 (the three together while the server saves, the fourth during their
+# prompts).
 s12fc3() {
     s12prep
-    export SMI=0 GGML_SCHED_TIMING=1 ROUNDS=3 LATE_S=0.3
-    s12row r2-4-fast-late - r2_4 --vram-budget 4GiB -lv 4
-    s12row r2-4-base-late base r2_4 --vram-budget 4GiB -lv 4
+    export SMI=0 GGML_SCHED_TIMING=1 ROUNDS=3 LATE_S=${LATE_S:-0.3}
+    s12row r2-4-fast-late${SFX:-} - r2_4 --vram-budget 4GiB -lv 4
+    s12row r2-4-base-late${SFX:-} base r2_4 --vram-budget 4GiB -lv 4
     tar czf "$OUT/results.tgz" -C "$W" results
 }
 
