@@ -2043,6 +2043,17 @@ s12fc2() {
 # round's prompts when the four arrived); with 2 s the later rounds arrive
 # 3+1 (the three together while the server saves, the fourth during their
 # prompts).
+# s12fc4 (after zunstash, same carry plus pst/: libllama.so.0 built with a
+# few timers in llama_context::decode, process_ubatch and synchronize,
+# measurement only): where a 4-token step's host time goes, this build.
+s12fc4() {
+    s12prep
+    mkdir -p dist/pst && ln -sfn ../lib dist/pst/lib && cp dist/pipeshard-server dist/pst/
+    xz -dc .whl/four-clients/pst/libllama.so.0.xz > dist/pst/libllama.so.0
+    export SMI=0 GGML_SCHED_TIMING=1 ROUNDS=3
+    s12row r2-4-fast-pst pst r2_4 --vram-budget 4GiB -lv 4
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
 s12fc3() {
     s12prep
     export SMI=0 GGML_SCHED_TIMING=1 ROUNDS=3 LATE_S=${LATE_S:-0.3}
