@@ -1976,4 +1976,90 @@ s11collect() {
     tail -5 /root/s11w/soak.log
 }
 
+
+# Session 12, issue 14's four clients (branch four-clients, patch 0029's
+# greedy fast path in common_sampler). After zunstash, one call carrying
+# .whl/four-clients: its dist/ (without the sources for building the CUDA
+# module and upstream's bench); base/, main's libllama-common.so.0 (the only
+# library the patch changes; main's pipeshard-server is the same); tim/, the
+# server library built with upstream's DEBUG_TIMINGS (the loop's pre-decode,
+# decode, post-decode and per-slot sampling averages every 5 s). R2 with four
+# clients on this build and on main's, with and without those timings, with
+# upstream's --backend-sampling (default chain, and a chain the backend can
+# run whole), one client, and upstream's --cpu-moe; all without the
+# nvidia-smi loop (SMI=0). Rows that would not end within the call's 600 s
+# are left out.
+s12prep() {
+    rm -rf dist && cp -a .whl/four-clients/dist dist
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep
+    local v
+    for v in base timing base-timing; do mkdir -p dist/$v && ln -sfn ../lib dist/$v/lib && cp dist/pipeshard-server dist/$v/; done
+    xz -dc .whl/four-clients/base/libllama-common.so.0.xz > dist/base/libllama-common.so.0
+    xz -dc .whl/four-clients/tim/libllama-server-impl.so.xz > dist/timing/libllama-server-impl.so
+    cp dist/base/libllama-common.so.0 dist/timing/libllama-server-impl.so dist/base-timing/
+}
+# row NAME SERVER-DIR|- r2_4|r2_1 ARGS...: one server-bench row with the
+# server in dist/SERVER-DIR (- for dist/), unless the call is past S12_STOP_S.
+s12row() {
+    local name=$1 dir=$2 what=$3 sb=.whl/four-clients/server-bench.sh; shift 3
+    (( SECONDS < ${S12_STOP_S:-480} )) || { echo "$name: left out (${SECONDS} s)"; return 0; }
+    if [[ $dir == - ]]; then bash $sb $what $name "$@" || true
+    else PIPESHARD_SERVER=dist/$dir/pipeshard-server bash $sb $what $name "$@" || true; fi
+    echo "$name: done at ${SECONDS} s"
+}
+s12fc() {
+    s12prep
+    export SMI=0 GGML_SCHED_TIMING=1
+    row() { s12row "$@"; }
+    row r2-4-fast - r2_4 --vram-budget 4GiB -lv 4
+    row r2-4-base base r2_4 --vram-budget 4GiB -lv 4
+    row r2-4-fast-t timing r2_4 --vram-budget 4GiB -lv 4
+    row r2-4-base-t base-timing r2_4 --vram-budget 4GiB -lv 4
+    row r2-4-bs - r2_4 --vram-budget 4GiB -lv 4 -bs
+    row r2-4-bs-tk - r2_4 --vram-budget 4GiB -lv 4 -bs --samplers "top_k;temperature"
+    row r2-1-fast - r2_1 --vram-budget 4GiB -lv 4
+    GGML_SCHED_TIMING=0 ROUNDS=1 row r2-4-up-cpumoe - r2_4 --cpu-moe -ngl 99
+    row r2-4-fast-b - r2_4 --vram-budget 4GiB -lv 4
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+# s12fc2 (after zunstash, same carry): the four clients again, this build
+# and main's alternating, four rounds each (round 1 as the prompts arrive,
+# rounds 2-4 usually in one batch).
+s12fc2() {
+    s12prep
+    export SMI=0 GGML_SCHED_TIMING=1 ROUNDS=4
+    s12row r2-4-fast-c - r2_4 --vram-budget 4GiB -lv 4
+    s12row r2-4-base-c base r2_4 --vram-budget 4GiB -lv 4
+    s12row r2-4-fast-d - r2_4 --vram-budget 4GiB -lv 4
+    s12row r2-4-base-d base r2_4 --vram-budget 4GiB -lv 4
+    s12row r2-4-fast-e - r2_4 --vram-budget 4GiB -lv 4
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+# s12fc3 (after zunstash, same carry): the fourth prompt sent LATE_S seconds
+# after the other three (server-bench's LATE_S), this build and main's; rows
+# named r2-4-*-lateSFX. With 0.3 s the first round still arrived 1+3 and the
+# later rounds in one batch (the server was still saving the previous
+# round's prompts when the four arrived); with 2 s the later rounds arrive
+# 3+1 (the three together while the server saves, the fourth during their
+# prompts).
+# s12fc4 (after zunstash, same carry plus pst/: libllama.so.0 built with a
+# few timers in llama_context::decode, process_ubatch and synchronize,
+# measurement only): where a 4-token step's host time goes, this build.
+s12fc4() {
+    s12prep
+    mkdir -p dist/pst && ln -sfn ../lib dist/pst/lib && cp dist/pipeshard-server dist/pst/
+    xz -dc .whl/four-clients/pst/libllama.so.0.xz > dist/pst/libllama.so.0
+    export SMI=0 GGML_SCHED_TIMING=1 ROUNDS=3
+    s12row r2-4-fast-pst pst r2_4 --vram-budget 4GiB -lv 4
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+s12fc3() {
+    s12prep
+    export SMI=0 GGML_SCHED_TIMING=1 ROUNDS=3 LATE_S=${LATE_S:-0.3}
+    s12row r2-4-fast-late${SFX:-} - r2_4 --vram-budget 4GiB -lv 4
+    s12row r2-4-base-late${SFX:-} base r2_4 --vram-budget 4GiB -lv 4
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+
 "$@"

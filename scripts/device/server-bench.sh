@@ -54,13 +54,17 @@ stop() { # NAME
     return 0
 }
 
-# clients N: N concurrent /completion requests of the reference case.
+# clients N: N concurrent /completion requests of the reference case;
+# LATE_S=S sends the last one S seconds after the others (with four
+# clients and S shorter than three prompts' evaluation: "3+1" arrival).
 clients() {
-    python3 - "$PORT" "$1" <<'PY'
+    python3 - "$PORT" "$1" "${LATE_S:-0}" <<'PY'
 import json, sys, threading, time, urllib.request
-port, n = int(sys.argv[1]), int(sys.argv[2])
+port, n, late = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 out = [None] * n
 def one(i):
+    if i == n - 1 and n > 1:
+        time.sleep(late)
     # 4096 prompt tokens (token ids: the synthetic vocabulary has no words), different per client
     prompt = [1000 + (i * 7919 + k * 104729) % 20000 for k in range(4096)]
     body = {"prompt": prompt, "n_predict": 64, "ignore_eos": True, "temperature": 0, "cache_prompt": False}
@@ -81,14 +85,15 @@ PY
 # r2_1 NAME [EXTRA...] / r2_4 NAME [EXTRA...]: R2 with one client, and
 # with four concurrent clients, EXTRA replacing the budget (e.g. upstream's
 # own placement: --cpu-moe -ngl 99 and no budget). Two rounds of clients,
-# or ROUNDS=1 for one.
+# or ROUNDS=N for N.
 r2_1() {
     local name=$1; shift
     prepare
     (($#)) || set -- --vram-budget 4GiB
     serve "$name" -m "$W/r2.gguf" -c 4352 -np 1 "$@"
     clients 1 | tee "$RES/$name.clients"       # warm-up and target: >= 48 tok/s
-    ((${ROUNDS:-2} < 2)) || clients 1 | tee -a "$RES/$name.clients"
+    local r
+    for ((r = 1; r < ${ROUNDS:-2}; r++)); do clients 1 | tee -a "$RES/$name.clients"; done
     stop "$name"
 }
 r2_4() {
@@ -97,7 +102,8 @@ r2_4() {
     (($#)) || set -- --vram-budget 4GiB
     serve "$name" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified "$@"
     clients 4 | tee "$RES/$name.clients"       # target: >= 95 tok/s in total
-    ((${ROUNDS:-2} < 2)) || clients 4 | tee -a "$RES/$name.clients"
+    local r
+    for ((r = 1; r < ${ROUNDS:-2}; r++)); do clients 4 | tee -a "$RES/$name.clients"; done
     stop "$name"
 }
 
