@@ -2125,4 +2125,31 @@ po_r2() { # NAME BUDGET POLICY [EXTRA...]: po_row on R2
     grep -E "TTFT|error|process VRAM" "$RES/$name.log" | sed -E "s/^.*(INFO|WARN|ERROR)[^ ]* //; s/^/$name: /" | grep -v "llama.cpp's prompt" || true
 }
 
+
+# po5 (as po4): R2 at 4 GiB with and without patch 0029, alternated.
+po5() {
+    ZUPSTREAM=0 zprep
+    rm -rf dist-old && cp -a dist dist-old && cp .whl/prefill-overlap/old/dist/lib/libggml-base.so.0.26.0 dist-old/lib/
+    local i
+    for i in 1 2; do
+        REPS=4 po_r2 "r2-4g-$i" 4GiB pipeshard
+        REPS=4 P=dist-old/pipeshard po_r2 "old-r2-4g-$i" 4GiB pipeshard
+    done
+    for f in "$RES"/*r2-4g-*.log; do
+        echo "$(basename "$f" .log): $(grep -E "llama.cpp's prompt" "$f" | sed -E "s/^.*TTFT ([0-9.]+) s .*/\1/" | tr '\n' ' ')"
+    done
+}
+
+
+# po6 (as po4, the committed patch 0029: layouts in place with one device
+# besides the CPU): R1 at 2 GiB with the scheduler's layout log, then twice
+# more, against the full-GPU row.
+po6() {
+    ZUPSTREAM=0 zprep
+    GGML_SCHED_TIMING=1 PIPESHARD_LOG=info,llama.cpp=debug po_row p2g-log 2GiB pipeshard
+    { grep -E "re-reserved" "$RES/p2g-log.log" | sed -E "s/^.*ggml_backend_sched_alloc_splits: //; s/ in [0-9.]+ ms//" | sort | uniq -c; } || true
+    po_row fg1024 64GiB full-gpu --ub 1024
+    po_row p2g 2GiB pipeshard
+}
+
 "$@"
