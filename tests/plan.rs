@@ -1066,7 +1066,7 @@ fn a_servers_slots_decoding_together_get_a_tier_of_their_own() {
 }
 
 /// A prompt computes its logits once, in its last chunk: the other chunks
-/// have no output rows (patch 0029 lets them go on without waiting for
+/// have no output rows (patch 0030 lets them go on without waiting for
 /// the empty rows). With the output projection on the CPU and every other
 /// weight resident (R1, the H200 host's profile), the prompt costs one CPU
 /// output more than with the output resident, whatever the ubatch: one

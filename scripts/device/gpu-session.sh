@@ -2046,7 +2046,7 @@ po_trace() { # NAME BUDGET POLICY [EXTRA...]
     CUDA_INJECTION64_PATH=/root/libcupti-trace.so CUPTI_TRACE_OUT=$RES/$1.csv REPS=2 NGEN=2 po_row "$@"
     [[ -f $RES/$1.csv ]] && { wc -l "$RES/$1.csv"; xz -T8 -f "$RES/$1.csv"; }
 }
-po2() { # dist/ (this branch), dist-old/: the same with the libggml-base of .whl/prefill-overlap/old (without patch 0029)
+po2() { # dist/ (this branch), dist-old/: the same with the libggml-base of .whl/prefill-overlap/old (without patch 0030)
     ZUPSTREAM=0 zprep
     rm -rf dist-old && cp -a dist dist-old && cp .whl/prefill-overlap/old/dist/lib/libggml-base.so.0.26.0 dist-old/lib/
     po_trace_build || true
@@ -2065,7 +2065,7 @@ po2() { # dist/ (this branch), dist-old/: the same with the libggml-base of .whl
 }
 
 
-# po3 (same setup as po2, this branch's patch 0029 in dist/): the traces and
+# po3 (same setup as po2, this branch's patch 0030 in dist/): the traces and
 # the scheduler's new layouts (GGML_SCHED_TIMING) with and without the
 # patch, the full-GPU reference, and the sweep around the planner's choice
 # for R1 at 2 GiB (ubatch, slots), then R1 at 3 and 4 GiB and R2 at 4 GiB.
@@ -2090,7 +2090,7 @@ po3() {
 }
 
 
-# po4 (dist/ with the final patch 0029 and cost model; .whl/prefill-overlap
+# po4 (dist/ with the final patch 0030 and cost model; .whl/prefill-overlap
 # also carries upbench.tar.xz, session 10's pristine llama-bench): the
 # full-GPU references first (upstream's llama-bench and bench's full-GPU
 # row), the trace of R1 at 2 GiB, the planner's plan with and without the
@@ -2126,7 +2126,7 @@ po_r2() { # NAME BUDGET POLICY [EXTRA...]: po_row on R2
 }
 
 
-# po5 (as po4): R2 at 4 GiB with and without patch 0029, alternated.
+# po5 (as po4): R2 at 4 GiB with and without patch 0030, alternated.
 po5() {
     ZUPSTREAM=0 zprep
     rm -rf dist-old && cp -a dist dist-old && cp .whl/prefill-overlap/old/dist/lib/libggml-base.so.0.26.0 dist-old/lib/
@@ -2141,7 +2141,7 @@ po5() {
 }
 
 
-# po6 (as po4, the committed patch 0029: layouts in place with one device
+# po6 (as po4, the committed patch 0030: layouts in place with one device
 # besides the CPU): R1 at 2 GiB with the scheduler's layout log, then twice
 # more, against the full-GPU row.
 po6() {

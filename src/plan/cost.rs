@@ -120,7 +120,7 @@ pub struct Overheads {
     /// the device idle 1.5-2.2 ms at each boundary (1.8 on average, a
     /// CUPTI trace, h200-session12/prefill-overlap), and as much with
     /// weights streamed once the scheduler stopped waiting there (patch
-    /// 0029).
+    /// 0030).
     #[serde(default = "default_ubatch_s")]
     pub ubatch_s: f64,
 }

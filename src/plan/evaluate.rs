@@ -160,7 +160,7 @@ impl Evaluator {
                 // A decode step needs the logits of every sequence's token;
                 // the prompt only those of its last token, in its last
                 // chunk: the other chunks compute no output rows (and wait
-                // for none, patch 0029). `last` is the share of this size's
+                // for none, patch 0030). `last` is the share of this size's
                 // chunks that hold the prompt's last token.
                 let (outputs, last) = if si == decode {
                     (n, 1.0)
