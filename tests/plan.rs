@@ -1064,3 +1064,79 @@ fn a_servers_slots_decoding_together_get_a_tier_of_their_own() {
     let loaded: plan::Plan = serde_yaml::from_str(&yaml).unwrap();
     assert_eq!(loaded.workload.decode_tokens(), 4);
 }
+
+/// A prompt computes its logits once, in its last chunk: the other chunks
+/// have no output rows (patch 0030 lets them go on without waiting for
+/// the empty rows). With the output projection on the CPU and every other
+/// weight resident (R1, the H200 host's profile), the prompt costs one CPU
+/// output more than with the output resident, whatever the ubatch: one
+/// chunk of 4096 or eight of 512, and a last partial chunk.
+#[test]
+fn a_prompt_computes_its_output_projection_once() {
+    let profile = h200_profile();
+    let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let cm = plan::CostModel::new(
+        &info,
+        &profile,
+        plan::Streaming::Pipelined,
+        true,
+        plan::Overheads::default(),
+        None,
+    );
+    let output = info
+        .tensors
+        .iter()
+        .find(|t| t.role == pipeshard::gguf::TensorRole::Output)
+        .unwrap();
+    for (prompt, ub) in [(4096u64, 4096u32), (4096, 1024), (4096, 512), (3000, 1024)] {
+        let workload = plan::Workload {
+            prompt_tokens: prompt,
+            gen_tokens: 64,
+            ..Default::default()
+        };
+        let ev = plan::Evaluator::new(&info, &cm, workload, ub, info.n_layer);
+        let all = vec![true; ev.tensors.len()];
+        let k = ev
+            .tensors
+            .iter()
+            .position(|&i| info.tensors[i].role == pipeshard::gguf::TensorRole::Output)
+            .unwrap();
+        let mut host_output = all.clone();
+        host_output[k] = false;
+        // The prompt tier runs the output projection on the CPU (one token).
+        assert_eq!(ev.tier_exec(k, ub, &host_output, 0.0), Exec::Cpu, "ub {ub}");
+        let last = (prompt - 1) % ub as u64 + 1;
+        let once = cm.op_seconds(output, last, Exec::Cpu) - cm.op_seconds(output, last, Exec::Resident);
+        assert!(once > 1e-3, "{once}");
+        let extra = ev.evaluate(&host_output).ttft_s - ev.evaluate(&all).ttft_s;
+        // And a device switch per chunk at most (to the CPU's split); before,
+        // each chunk paid the CPU's output: 4 to 8 times `once` here.
+        let chunks = prompt.div_ceil(ub as u64) as f64;
+        assert!(
+            extra >= once && extra < once + chunks * plan::Overheads::default().device_switch_s + 1e-9,
+            "prompt {prompt}, ub {ub}: {extra} s against one CPU output {once} s"
+        );
+    }
+}
+
+/// Each prompt ubatch after the first costs the device the wait for its
+/// inputs (`Overheads::ubatch_s`): four ubatches three such waits, one none.
+#[test]
+fn each_prompt_ubatch_after_the_first_waits_for_its_inputs() {
+    let profile = h200_profile();
+    let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let ttft = |ub: u32, ubatch_s: f64| {
+        let overheads = plan::Overheads {
+            ubatch_s,
+            ..Default::default()
+        };
+        let cm = plan::CostModel::new(&info, &profile, plan::Streaming::Pipelined, true, overheads, None);
+        let ev = plan::Evaluator::new(&info, &cm, plan::Workload::default(), ub, info.n_layer);
+        ev.evaluate(&vec![true; ev.tensors.len()]).ttft_s
+    };
+    assert_eq!(plan::Workload::default().prompt_tokens, 4096);
+    for (ub, waits) in [(1024, 3.0), (4096, 0.0), (512, 7.0)] {
+        let extra = ttft(ub, 0.01) - ttft(ub, 0.0);
+        assert!((extra - waits * 0.01).abs() < 1e-9, "ub {ub}: {extra}");
+    }
+}

@@ -2062,4 +2062,179 @@ s12fc3() {
     tar czf "$OUT/results.tgz" -C "$W" results
 }
 
+# Session 12, issue 16 part 2 (branch prefill-overlap): where R1's streamed
+# prefill at 2 GiB loses against full GPU. After zunstash, with dist/ from
+# .whl/prefill-overlap carried. po_row: one `pipeshard bench` row (REPS
+# repetitions, NGEN generated tokens: the plan is the same for 16 and 64).
+po_row() { # NAME BUDGET POLICY [EXTRA...]
+    local name=$1 budget=$2 policy=$3; shift 3
+    timeout 200 $P bench -m "$W/r1.gguf" --vram-budget "$budget" --policies "$policy" -p 4096 -n "${NGEN:-16}" -r "${REPS:-5}" -t 16 \
+        --profile "$RES/profile.yaml" -o "$RES/$name" "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
+    grep -E "TTFT|error|process VRAM" "$RES/$name.log" | sed -E "s/^.*(INFO|WARN|ERROR)[^ ]* //; s/^/$name: /" | grep -v "llama.cpp's prompt" || true
+    grep -E "llama.cpp's prompt" "$RES/$name.log" | sed -E "s/^.*TTFT ([0-9.]+) s .llama.cpp's prompt time ([0-9.]+) s.*/\1 \2/" | tr '\n' ' ' | sed "s/^/$name TTFT, prompt time: /"; echo
+}
+po_up() { # NAME: upstream's pp4096 of R1 at ub 1024 and 2048
+    LD_LIBRARY_PATH=$PWD/dist/upstream/bin timeout 120 dist/upstream/bin/llama-bench -m "$W/r1.gguf" -ngl 99 -fa 1 -t 16 \
+        -p 4096 -n 0 -b 4096 -ub 1024,2048 -r 5 -o md > "$RES/$1.log" 2>&1 || echo "$1 failed: $?"
+    grep -E "pp4096" "$RES/$1.log" || true
+}
+po_nsys() { # NAME BUDGET EXTRA...: a GPU timeline of R1's prompt (nsys, if the machine has it)
+    local name=$1 budget=$2; shift 2
+    local ns
+    ns=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -n1 || true)
+    [[ -n $ns ]] || { echo "no nsys"; ls /usr/local/cuda*/bin 2>/dev/null | tr '\n' ' '; return 0; }
+    timeout 150 "$ns" profile -t cuda -o "$RES/$name" --force-overwrite true $P bench -m "$W/r1.gguf" --vram-budget "$budget" \
+        --policies pipeshard -p 4096 -n 2 -r 2 -t 16 --profile "$RES/profile.yaml" -o "$RES/$name-out" "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
+    timeout 120 "$ns" stats -r cuda_gpu_trace -f csv -o "$RES/$name" "$RES/$name.nsys-rep" > "$RES/$name-stats.log" 2>&1 || echo "$name stats failed: $?"
+    ls -la "$RES" | grep "$name"
+    rm -f "$RES/$name.sqlite"
+}
+po1() {
+    ZUPSTREAM=0 zprep
+    mkdir -p dist/upstream/bin && tar xJf .whl/prefill-overlap/upbench.tar.xz -C dist/upstream/bin && cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist/upstream/bin/
+    po_up up1
+    po_row fg1024 64GiB full-gpu --ub 1024
+    po_row fg2048 64GiB full-gpu --ub 2048
+    po_row p2g 2GiB pipeshard
+    po_row big1024 64GiB pipeshard --plan-ubatch 1024
+    local s b
+    REPS=3
+    for s in 2 3 6 8; do po_row "p2g-s$s" 2GiB pipeshard --stream-slots $s; done
+    po_row p2g-ub2048 2GiB pipeshard --plan-ubatch 2048
+    for b in 3GiB 4GiB 6GiB; do po_row "p$b" $b pipeshard; done
+    po_nsys nsys-p2g 2GiB
+    po_row p2g-again 2GiB pipeshard
+}
+
+
+# A GPU timeline without Nsight Systems: scripts/device/cupti-trace.cpp,
+# built here against this machine's CUPTI and loaded through
+# CUDA_INJECTION64_PATH; po_trace runs one po_row under it (the trace in
+# $RES/NAME.csv.xz).
+po_trace_build() {
+    local h inc lib k m s
+    h=$(ls /usr/local/cuda/extras/CUPTI/include/cupti_activity.h /usr/local/cuda/targets/*/include/cupti_activity.h \
+        /usr/local/cuda/include/cupti_activity.h 2>/dev/null | head -n1 || true)
+    [[ -n $h ]] || { echo "no CUPTI headers"; return 1; }
+    inc=$(dirname "$h")
+    lib=$(ls /usr/local/cuda/extras/CUPTI/lib64/libcupti.so /usr/local/cuda/targets/*/lib/libcupti.so /usr/local/cuda/lib64/libcupti.so 2>/dev/null | head -n1 || true)
+    [[ -n $lib ]] || { echo "no libcupti"; return 1; }
+    k=$(grep -hoE "CUpti_ActivityKernel[0-9]+;" "$inc"/cupti_activity*.h | tr -d ';' | sort -V | tail -n1)
+    m=$(grep -hoE "CUpti_ActivityMemcpy[0-9]+;" "$inc"/cupti_activity*.h | tr -d ';' | sort -V | tail -n1)
+    s=$(grep -hoE "CUpti_ActivityMemset[0-9]+;" "$inc"/cupti_activity*.h | tr -d ';' | sort -V | tail -n1)
+    echo "CUPTI $inc $lib: $k $m $s"
+    g++ -std=c++17 -shared -fPIC -O2 -I"$inc" -I/usr/local/cuda/include -DKREC="$k" -DMREC="$m" -DSREC="$s" \
+        "${CUPTI_SRC:-scripts/device/cupti-trace.cpp}" -L"$(dirname "$lib")" -lcupti -Wl,-rpath,"$(dirname "$lib")" -o /root/libcupti-trace.so
+}
+po_trace() { # NAME BUDGET POLICY [EXTRA...]
+    [[ -f /root/libcupti-trace.so ]] || return 0
+    CUDA_INJECTION64_PATH=/root/libcupti-trace.so CUPTI_TRACE_OUT=$RES/$1.csv REPS=2 NGEN=2 po_row "$@"
+    [[ -f $RES/$1.csv ]] && { wc -l "$RES/$1.csv"; xz -T8 -f "$RES/$1.csv"; }
+}
+po2() { # dist/ (this branch), dist-old/: the same with the libggml-base of .whl/prefill-overlap/old (without patch 0030)
+    ZUPSTREAM=0 zprep
+    rm -rf dist-old && cp -a dist dist-old && cp .whl/prefill-overlap/old/dist/lib/libggml-base.so.0.26.0 dist-old/lib/
+    po_trace_build || true
+    P=dist-old/pipeshard po_trace t-old-p2g 2GiB pipeshard
+    po_trace t-p2g 2GiB pipeshard
+    po_trace t-fg1024 64GiB full-gpu --ub 1024
+    po_row p2g 2GiB pipeshard
+    P=dist-old/pipeshard po_row old-p2g 2GiB pipeshard
+    po_row fg1024 64GiB full-gpu --ub 1024
+    po_row p2g-again 2GiB pipeshard
+    REPS=3
+    po_row p3GiB 3GiB pipeshard
+    po_row p2g-ub2048 2GiB pipeshard --plan-ubatch 2048
+    po_row p2g-s3 2GiB pipeshard --stream-slots 3
+    po_row p2g-s6 2GiB pipeshard --stream-slots 6
+}
+
+
+# po3 (same setup as po2, this branch's patch 0030 in dist/): the traces and
+# the scheduler's new layouts (GGML_SCHED_TIMING) with and without the
+# patch, the full-GPU reference, and the sweep around the planner's choice
+# for R1 at 2 GiB (ubatch, slots), then R1 at 3 and 4 GiB and R2 at 4 GiB.
+po3() {
+    ZUPSTREAM=0 zprep
+    rm -rf dist-old && cp -a dist dist-old && cp .whl/prefill-overlap/old/dist/lib/libggml-base.so.0.26.0 dist-old/lib/
+    po_trace_build || true
+    GGML_SCHED_TIMING=1 PIPESHARD_LOG=info,llama.cpp=debug po_trace t-p2g 2GiB pipeshard
+    { grep -E "re-reserved" "$RES/t-p2g.log" | sed -E "s/^.*ggml_backend_sched_alloc_splits: //; s/ in [0-9.]+ ms//" | sort | uniq -c | sort -rn | head -8; } || true
+    po_row fg1024 64GiB full-gpu --ub 1024
+    po_row p2g 2GiB pipeshard
+    P=dist-old/pipeshard po_row old-p2g 2GiB pipeshard
+    po_row p2g-again 2GiB pipeshard
+    REPS=3
+    local u s
+    for u in 512 2048; do po_row "p2g-ub$u" 2GiB pipeshard --plan-ubatch $u; done
+    for s in 3 6; do po_row "p2g-s$s" 2GiB pipeshard --stream-slots $s; done
+    po_row p3g 3GiB pipeshard
+    po_row p4g 4GiB pipeshard
+    P=dist-old/pipeshard po_row old-p4g 4GiB pipeshard
+    po_row fg2048 64GiB full-gpu --ub 2048
+}
+
+
+# po4 (dist/ with the final patch 0030 and cost model; .whl/prefill-overlap
+# also carries upbench.tar.xz, session 10's pristine llama-bench): the
+# full-GPU references first (upstream's llama-bench and bench's full-GPU
+# row), the trace of R1 at 2 GiB, the planner's plan with and without the
+# patch, the sweep around it, then R2 at 4 GiB against its full-GPU row.
+po4() {
+    ZUPSTREAM=0 zprep
+    rm -rf dist-old && cp -a dist dist-old && cp .whl/prefill-overlap/old/dist/lib/libggml-base.so.0.26.0 dist-old/lib/
+    mkdir -p dist/upstream/bin && tar xJf .whl/prefill-overlap/upbench.tar.xz -C dist/upstream/bin \
+        && cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist/upstream/bin/
+    po_up up1
+    po_trace_build || true
+    GGML_SCHED_TIMING=1 PIPESHARD_LOG=info,llama.cpp=debug po_trace t-p2g 2GiB pipeshard
+    po_row fg1024 64GiB full-gpu --ub 1024
+    po_row fg2048 64GiB full-gpu --ub 2048
+    po_row p2g 2GiB pipeshard
+    P=dist-old/pipeshard po_row old-p2g 2GiB pipeshard
+    po_row p2g-again 2GiB pipeshard
+    REPS=3
+    local u s
+    for u in 2048 4096; do po_row "p2g-ub$u" 2GiB pipeshard --plan-ubatch $u; done
+    for s in 2 3 6; do po_row "p2g-s$s" 2GiB pipeshard --stream-slots $s; done
+    po_row p4g 4GiB pipeshard
+    po_row p4g-ub1024 4GiB pipeshard --plan-ubatch 1024
+    po_r2 r2-fg 64GiB full-gpu --ub 2048
+    po_r2 r2-4g 4GiB pipeshard
+    P=dist-old/pipeshard po_r2 old-r2-4g 4GiB pipeshard
+}
+po_r2() { # NAME BUDGET POLICY [EXTRA...]: po_row on R2
+    local name=$1 budget=$2 policy=$3; shift 3
+    timeout 200 $P bench -m "$W/r2.gguf" --vram-budget "$budget" --policies "$policy" -p 4096 -n "${NGEN:-16}" -r "${REPS:-3}" -t 16 \
+        --profile "$RES/profile.yaml" -o "$RES/$name" "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
+    grep -E "TTFT|error|process VRAM" "$RES/$name.log" | sed -E "s/^.*(INFO|WARN|ERROR)[^ ]* //; s/^/$name: /" | grep -v "llama.cpp's prompt" || true
+}
+
+
+# po5 (as po4): R2 at 4 GiB with and without patch 0030, alternated.
+po5() {
+    ZUPSTREAM=0 zprep
+    rm -rf dist-old && cp -a dist dist-old && cp .whl/prefill-overlap/old/dist/lib/libggml-base.so.0.26.0 dist-old/lib/
+    local i
+    for i in 1 2; do
+        REPS=4 po_r2 "r2-4g-$i" 4GiB pipeshard
+        REPS=4 P=dist-old/pipeshard po_r2 "old-r2-4g-$i" 4GiB pipeshard
+    done
+    for f in "$RES"/*r2-4g-*.log; do
+        echo "$(basename "$f" .log): $(grep -E "llama.cpp's prompt" "$f" | sed -E "s/^.*TTFT ([0-9.]+) s .*/\1/" | tr '\n' ' ')"
+    done
+}
+
+
+# po6 (as po4, the committed patch 0030: layouts in place with one device
+# besides the CPU): R1 at 2 GiB with the scheduler's layout log, then twice
+# more, against the full-GPU row.
+po6() {
+    ZUPSTREAM=0 zprep
+    GGML_SCHED_TIMING=1 PIPESHARD_LOG=info,llama.cpp=debug po_row p2g-log 2GiB pipeshard
+    { grep -E "re-reserved" "$RES/p2g-log.log" | sed -E "s/^.*ggml_backend_sched_alloc_splits: //; s/ in [0-9.]+ ms//" | sort | uniq -c; } || true
+    po_row fg1024 64GiB full-gpu --ub 1024
+    po_row p2g 2GiB pipeshard
+}
+
 "$@"

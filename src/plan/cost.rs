@@ -113,6 +113,20 @@ pub struct Overheads {
     /// s9d): 26 ms for 12.6M entries, about 2 ns each.
     #[serde(default = "default_mask_entry_s")]
     pub mask_entry_s: f64,
+    /// Seconds the device waits between two ubatches of a prompt: the
+    /// next ubatch's inputs (its embeddings, positions and attention mask)
+    /// are copied once the last one is done, then its first split starts.
+    /// On the H200, R1's prompt at ub 1024 with every weight resident left
+    /// the device idle 1.5-2.2 ms at each boundary (1.8 on average, a
+    /// CUPTI trace, h200-session12/prefill-overlap), and as much with
+    /// weights streamed once the scheduler stopped waiting there (patch
+    /// 0030).
+    #[serde(default = "default_ubatch_s")]
+    pub ubatch_s: f64,
+}
+
+fn default_ubatch_s() -> f64 {
+    1.8e-3
 }
 
 fn default_mask_entry_s() -> f64 {
@@ -135,6 +149,7 @@ impl Default for Overheads {
             layer_s: default_layer_s(),
             hybrid_cpu_contention: default_cpu_contention(),
             mask_entry_s: default_mask_entry_s(),
+            ubatch_s: default_ubatch_s(),
         }
     }
 }
@@ -246,10 +261,14 @@ impl<'a> CostModel<'a> {
     }
 
     /// [`CostModel::compute_seconds`] where `outputs` of the tokens need
-    /// logits: the output projection runs for those only.
+    /// logits: the output projection runs for those only, and for none in
+    /// a prompt chunk without outputs (every chunk but the last).
     fn compute_seconds_out(&self, t: &ModelTensor, n: u64, device: Device, outputs: u64) -> f64 {
         if t.role == TensorRole::Output {
-            return self.experts_seconds(t, outputs.clamp(1, n.max(1)), device, 1);
+            if outputs == 0 {
+                return 0.0;
+            }
+            return self.experts_seconds(t, outputs.min(n.max(1)), device, 1);
         }
         self.experts_seconds(t, n, device, self.model.n_expert_used.max(1) as u64)
     }

@@ -4,7 +4,7 @@
 
 use super::cost::{is_placeable, CostModel, Exec, SplitParts, Streaming};
 use super::{tier_index, Plan, Prediction, SpeculationPrediction, Workload};
-use crate::gguf::{ModelInfo, TensorRole};
+use crate::gguf::{ModelInfo, ModelTensor, TensorRole};
 
 /// Op times of every placeable tensor for one configuration.
 pub struct Evaluator {
@@ -62,6 +62,8 @@ pub struct Evaluator {
     /// The first prompt ubatch's attention masks, filled on the host before
     /// its graph starts (see `Overheads::mask_entry_s`).
     first_mask_s: f64,
+    /// Seconds between two prompt ubatches (see `Overheads::ubatch_s`).
+    ubatch_s: f64,
     /// Per tensor: it stays in host memory whatever the budget (see
     /// `Evaluator::new`, the routers of a plan whose slots decode together).
     host_only: Vec<bool>,
@@ -155,9 +157,27 @@ impl Evaluator {
             .enumerate()
             .map(|(si, &(n, _))| {
                 let execs = &execs_by_tier[tier_index(&tiers, n)];
-                // A prompt chunk needs the logits of its last token; a
-                // decode step those of every sequence's token.
-                let outputs = if si == decode { n } else { 1 };
+                // A decode step needs the logits of every sequence's token;
+                // the prompt only those of its last token, in its last
+                // chunk: the other chunks compute no output rows (and wait
+                // for none, patch 0030). `last` is the share of this size's
+                // chunks that hold the prompt's last token.
+                let (outputs, last) = if si == decode {
+                    (n, 1.0)
+                } else if si > decode {
+                    (1, 1.0)
+                } else if si + 1 == decode {
+                    (1, 1.0 / sizes[si].1.max(1.0))
+                } else {
+                    (1, 0.0)
+                };
+                let per_chunk = |t: &ModelTensor, e: Exec| {
+                    let with = cm.op_seconds_out(t, n, e, outputs);
+                    if last >= 1.0 || t.role != TensorRole::Output {
+                        return with;
+                    }
+                    last * with + (1.0 - last) * cm.op_seconds_out(t, n, e, 0)
+                };
                 tensors
                     .iter()
                     .enumerate()
@@ -170,12 +190,7 @@ impl Evaluator {
                             } else {
                                 0.0
                             };
-                        (
-                            cm.op_seconds_out(t, n, Exec::Resident, outputs),
-                            e,
-                            cm.op_seconds_out(t, n, e, outputs),
-                            link,
-                        )
+                        (per_chunk(t, Exec::Resident), e, per_chunk(t, e), link)
                     })
                     .collect()
             })
@@ -301,6 +316,7 @@ impl Evaluator {
             switch_s: cm.overheads.device_switch_s,
             layers_s: model.n_layer as f64 * cm.overheads.layer_s,
             first_mask_s,
+            ubatch_s: cm.overheads.ubatch_s,
             host_only,
             workload,
             ubatch: u,
@@ -480,7 +496,8 @@ impl Evaluator {
 
     /// Predicted TTFT and decode speed for a residency vector over `self.tensors`.
     pub fn evaluate(&self, resident: &[bool]) -> Prediction {
-        let mut ttft = self.first_mask_s;
+        let chunks: f64 = self.sizes[..self.decode].iter().map(|&(_, count)| count).sum();
+        let mut ttft = self.first_mask_s + (chunks - 1.0).max(0.0) * self.ubatch_s;
         for (si, &(_, count)) in self.sizes[..self.decode].iter().enumerate() {
             // All chunks of this size (attention is summed over them).
             // Only decode splits rows, so `sums` is empty here.
