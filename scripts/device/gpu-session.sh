@@ -2237,4 +2237,73 @@ po6() {
     po_row p2g 2GiB pipeshard
 }
 
+# Session 12, moe-decode2 (after zunstash, with .whl/moe-decode2 carried: its
+# dist/ is this branch's build from scripts/device/pack.sh without upstream/,
+# the source tarball and libggml-cpu; dist/base/ holds main's pipeshard and
+# its lib/libggml-base* only, the one library the builds differ in): R2 at
+# 4 GiB decode, the base against the copy back of the CPU's experts queued
+# without waiting for the GPU (patch 0025), with the scheduler's per-graph
+# host timing; the hybrid shares 4, 6 and 7 forced; both builds' greedy text
+# on one prompt.
+zmd2_prep() {
+    rm -rf dist && cp -a .whl/moe-decode2/dist dist
+    cp /root/cudalib/*.so dist/lib/
+    cp -an dist/lib/. dist/base/lib/   # base/lib holds only the base's libggml-base
+    ZUPSTREAM=0 zprep
+    cp dist/lib/libggml-cuda.so.stack dist/base/lib/ 2>/dev/null || true
+}
+zmd2() {
+    zmd2_prep
+    export PIPESHARD_LOG=info,llama.cpp=debug   # ggml's info lines (the timing)
+    export GGML_SCHED_TIMING=1
+    local k
+    P=dist/base/pipeshard one r2-base r2 4GiB pipeshard --tg
+    one r2-new r2 4GiB pipeshard --tg
+    for k in ${MD2_SHARES:-4 6 7}; do
+        one r2-new-k$k r2 4GiB pipeshard --tg --hybrid-experts $k
+    done
+    P=dist/base/pipeshard one r2-base-k6 r2 4GiB pipeshard --tg --hybrid-experts 6
+    P=dist/base/pipeshard one r2-base2 r2 4GiB pipeshard --tg
+    one r2-new2 r2 4GiB pipeshard --tg
+    md2run r2-run-base dist/base/pipeshard
+    md2run r2-run-new dist/pipeshard
+    cmp "$RES/r2-run-base.out" "$RES/r2-run-new.out" && echo "run: same greedy text (base, new): $(wc -c < "$RES/r2-run-new.out") bytes"
+    grep -h "sched_compute_splits: 1-token" "$RES"/r2-*.log | sed 's/.*us per graph over 32: //' | cut -c1-200 | tail -40
+}
+# zmd2b (same staging): the planner's own share after a cost model's
+# change (hybrid_cpu_contention 1.08: share 4; that build only, not on the
+# branch, which keeps 1.35) against the base's (5), with share 4 forced on
+# the base and 5 and 3 forced on that build.
+zmd2b() {
+    zmd2_prep
+    export PIPESHARD_LOG=info,llama.cpp=debug
+    export GGML_SCHED_TIMING=1
+    P=dist/base/pipeshard one r2-base r2 4GiB pipeshard --tg
+    one r2-new r2 4GiB pipeshard --tg
+    P=dist/base/pipeshard one r2-base-k4 r2 4GiB pipeshard --tg --hybrid-experts 4
+    one r2-new-k5 r2 4GiB pipeshard --tg --hybrid-experts 5
+    one r2-new-k3 r2 4GiB pipeshard --tg --hybrid-experts 3
+    P=dist/base/pipeshard one r2-base2 r2 4GiB pipeshard --tg
+    one r2-new2 r2 4GiB pipeshard --tg
+    P=dist/base/pipeshard one r2-base-k4b r2 4GiB pipeshard --tg --hybrid-experts 4
+}
+# zmd2c (same staging): share 5 on both builds, interleaved, to tell the
+# copy back queued without the wait (patch 0025) from the host's drift.
+zmd2c() {
+    zmd2_prep
+    export PIPESHARD_LOG=info,llama.cpp=debug
+    export GGML_SCHED_TIMING=1
+    local i
+    for i in 1 2; do
+        P=dist/base/pipeshard one r2-base-k5-$i r2 4GiB pipeshard --tg --hybrid-experts 5
+        one r2-new-k5-$i r2 4GiB pipeshard --tg --hybrid-experts 5
+    done
+}
+md2run() { # NAME BINARY: the greedy text (stdout) of a fixed prompt, R2 at 4 GiB
+    timeout 120 "$2" run -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" -c 4352 -t 16 --flash-attn on \
+        -p "The history of the printing press begins with movable type" -n 64 --ignore-eos --temp 0 --json \
+        > "$RES/$1.out" 2> "$RES/$1.err" || echo "$1 failed: $?"
+    grep -E "^plan:|failed|^error" "$RES/$1.err" | sed "s/^/$1: /"
+}
+
 "$@"

@@ -100,7 +100,12 @@ pub struct Overheads {
     /// CPU's part of R2's split at 4 GiB took 1.2–1.5 times its samples for
     /// 2 to 5 experts per token (1.35 on average; the scheduler's timing,
     /// bench/results/h200-session9/moe-decode.md), and with this factor the
-    /// cost model ranks the shares 3 to 6 as measured.
+    /// cost model ranks the shares 3 to 6 as measured. The factor is the
+    /// host's more than the model's: in session 12 one H200 host took 1.07
+    /// times (share 4 then decoded 5-13% faster than 5) and another 1.5-1.6
+    /// (share 5 6-17% faster than 4); 1.35 chooses share 5, faster than or
+    /// as fast as share 4 on three of the four hosts measured so
+    /// (h200-session12/moe-decode2.md).
     #[serde(default = "default_cpu_contention")]
     pub hybrid_cpu_contention: f64,
     /// Seconds per entry of the attention mask (a ubatch's tokens x the KV
