@@ -2306,4 +2306,41 @@ md2run() { # NAME BINARY: the greedy text (stdout) of a fixed prompt, R2 at 4 Gi
     grep -E "^plan:|failed|^error" "$RES/$1.err" | sed "s/^/$1: /"
 }
 
+
+# Session 12 (lead): the merged build in one call, after zunstash (carry
+# .stash), carrying dist/ and .whl/lead12/upbench.tar.xz: upstream's pristine
+# llama-bench (libllama, libggml-base, common and llama-bench, built on the
+# CPU machine from the same sdist as build-upstream-bench.sh does; the CUDA
+# and CPU modules are pipeshard's, copied next to it by zprep). Issue 16
+# part 2: upstream's full-GPU pp4096 for R1 and R2 (ub 512 to 4096), then
+# pipeshard's rows in budget (R1 2 GiB, R2 4 GiB; --tg) and with no budget,
+# then upstream again. Issue 14: R2 through the server at 4 GiB, four
+# clients (four rounds: the first as the prompts arrive) and one client,
+# and upstream's --cpu-moe -ngl 99 with four clients.
+s12lead_up() { # NAME MODEL
+    LD_LIBRARY_PATH=$PWD/dist/upstream/bin timeout 150 dist/upstream/bin/llama-bench -m "$W/$2.gguf" -ngl 99 -fa 1 -t 16 \
+        -p 4096 -n 0 -b 4096 -ub 512,1024,2048,4096 -r 5 -o md > "$RES/$1.log" 2>&1 || echo "$1 failed: $?"
+    grep -E "pp4096" "$RES/$1.log" | sed "s/^/$1: /" || true
+}
+s12lead() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    ZUPSTREAM=0 zprep
+    local m budget
+    for m in r1 r2; do
+        budget=2GiB; [[ $m == r2 ]] && budget=4GiB
+        s12lead_up "l-up-$m" $m
+        parity_ps "l-$m-budget" $m $budget pipeshard --tg
+        parity_ps "l-$m-full" $m 64GiB full-gpu --ub 2048
+        s12lead_up "l-up2-$m" $m
+        echo "$m done at ${SECONDS} s"
+    done
+    export SMI=0
+    ROUNDS=4 bash scripts/device/server-bench.sh r2_4 l-r2-4 --vram-budget 4GiB || true
+    bash scripts/device/server-bench.sh r2_1 l-r2-1 --vram-budget 4GiB || true
+    ROUNDS=1 bash scripts/device/server-bench.sh r2_4 l-r2-4-up-cpumoe --cpu-moe -ngl 99 || true
+    echo "server rows done at ${SECONDS} s"
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+
 "$@"
