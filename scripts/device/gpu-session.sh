@@ -2343,4 +2343,49 @@ s12lead() {
     tar czf "$OUT/results.tgz" -C "$W" results
 }
 
+
+# s12diag (after zunstash; dist/ and .whl/lead12 carried): s12lead's four
+# clients fell to 44 tok/s on the merged build (patches 0029 + 0030). The
+# same build with a diagnostic libggml-base (.whl/lead12/diag: patch 0030's
+# three parts each switched off by an environment variable, DIAG_NO_ROT,
+# DIAG_NO_INPLACE, DIAG_NO_SKIP; not committed as a patch) finds the part.
+s12diag() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep > /dev/null
+    mkdir -p dist/diag && ln -sfn ../lib dist/diag/lib && cp dist/pipeshard-server dist/pipeshard dist/diag/
+    cp .whl/lead12/diag/libggml-base.so.0 dist/diag/
+    export SMI=0 GGML_SCHED_TIMING=1 PIPESHARD_SERVER=dist/diag/pipeshard-server
+    local sb=scripts/device/server-bench.sh
+    DIAG_NO_ROT=1 ROUNDS=3 bash $sb r2_4 d-r2-4-norot --vram-budget 4GiB -lv 4 || true
+    ROUNDS=2 bash $sb r2_4 d-r2-4-all --vram-budget 4GiB -lv 4 || true
+    DIAG_NO_ROT=1 DIAG_NO_INPLACE=1 DIAG_NO_SKIP=1 ROUNDS=3 bash $sb r2_4 d-r2-4-none --vram-budget 4GiB -lv 4 || true
+    echo "server rows done at ${SECONDS} s"
+    P=dist/diag/pipeshard DIAG_NO_ROT=1 REPS=3 po_row d-r1-norot 2GiB pipeshard
+    P=dist/diag/pipeshard REPS=3 po_row d-r1-all 2GiB pipeshard
+    echo "done at ${SECONDS} s"
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+
+
+# s12final (after zunstash; dist/ and .whl/lead12 carried): the merged build
+# with patch 0030's slot rotation left out of graphs with routed copies (what
+# s12diag found): upstream's full-GPU pp4096 of R1 before and after
+# pipeshard's R1 at 2 GiB; R2 through the server at 4 GiB, four clients (four
+# rounds) and one client; upstream's --cpu-moe -ngl 99 with four clients.
+s12final() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    ZUPSTREAM=0 zprep > /dev/null
+    s12lead_up f-up-r1 r1
+    parity_ps f-r1-budget r1 2GiB pipeshard --tg
+    s12lead_up f-up2-r1 r1
+    echo "r1 done at ${SECONDS} s"
+    export SMI=0
+    ROUNDS=4 bash scripts/device/server-bench.sh r2_4 f-r2-4 --vram-budget 4GiB || true
+    bash scripts/device/server-bench.sh r2_1 f-r2-1 --vram-budget 4GiB || true
+    ROUNDS=1 bash scripts/device/server-bench.sh r2_4 f-r2-4-up-cpumoe --cpu-moe -ngl 99 || true
+    echo "done at ${SECONDS} s"
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+
 "$@"
