@@ -431,6 +431,16 @@ fn a_loaded_model_over_the_budget_is_refused() {
     assert!(launch::verify(no_nvml).is_ok());
 }
 
+/// The cost model with pipelined streaming from pinned host memory and the
+/// cost model's own hybrid split.
+fn pipelined<'a>(
+    info: &'a pipeshard::gguf::ModelInfo,
+    profile: &'a MachineProfile,
+    overheads: plan::Overheads,
+) -> plan::CostModel<'a> {
+    plan::CostModel::new(info, profile, plan::Streaming::Pipelined, true, overheads, None)
+}
+
 /// The committed profile of the H200 host, where hybrid experts were measured.
 fn h200_profile() -> MachineProfile {
     MachineProfile::load(
@@ -825,14 +835,7 @@ fn speculative_plans_round_trip_and_older_plans_have_none() {
 fn host_kv_attention_of_a_prompt_chunk_is_priced_on_the_gpu_with_its_copy() {
     let profile = fixture();
     let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
-    let cm = plan::CostModel::new(
-        &info,
-        &profile,
-        plan::Streaming::Pipelined,
-        true,
-        Default::default(),
-        None,
-    );
+    let cm = pipelined(&info, &profile, Default::default());
     let (n, n_kv) = (1024, 8192);
     let gpu = cm.attention_seconds(0, n, n_kv, true);
     let host = cm.attention_seconds(0, n, n_kv, false);
@@ -1075,14 +1078,7 @@ fn a_servers_slots_decoding_together_get_a_tier_of_their_own() {
 fn a_prompt_computes_its_output_projection_once() {
     let profile = h200_profile();
     let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
-    let cm = plan::CostModel::new(
-        &info,
-        &profile,
-        plan::Streaming::Pipelined,
-        true,
-        plan::Overheads::default(),
-        None,
-    );
+    let cm = pipelined(&info, &profile, plan::Overheads::default());
     let output = info
         .tensors
         .iter()
@@ -1130,7 +1126,7 @@ fn each_prompt_ubatch_after_the_first_waits_for_its_inputs() {
             ubatch_s,
             ..Default::default()
         };
-        let cm = plan::CostModel::new(&info, &profile, plan::Streaming::Pipelined, true, overheads, None);
+        let cm = pipelined(&info, &profile, overheads);
         let ev = plan::Evaluator::new(&info, &cm, plan::Workload::default(), ub, info.n_layer);
         ev.evaluate(&vec![true; ev.tensors.len()]).ttft_s
     };
