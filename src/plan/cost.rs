@@ -104,7 +104,7 @@ pub struct Overheads {
     /// host's more than the model's: in session 12 one H200 host took 1.07
     /// times (share 4 then decoded 5-13% faster than 5) and another 1.5-1.6
     /// (share 5 6-17% faster than 4); 1.35 chooses share 5, faster than or
-    /// as fast as share 4 on three of the four hosts measured so
+    /// as fast as share 4 on three of the four hosts measured so far
     /// (h200-session12/moe-decode2.md).
     #[serde(default = "default_cpu_contention")]
     pub hybrid_cpu_contention: f64,
