@@ -54,6 +54,14 @@ fn launched(budget: u64, exact: bool) -> (Plan, ReplanBasis) {
     (plan, basis)
 }
 
+/// A follower on the plan launched at 8 GiB, with the default headroom
+/// and hooks; and that plan.
+fn follower_at_8gib() -> (Follower, Plan) {
+    let (plan0, basis) = launched(8 * GIB, false);
+    let f = Follower::new(basis, plan0.clone(), 8 * GIB, Some(HEADROOM), Hooks::default());
+    (f, plan0)
+}
+
 /// A card of 80 GiB of which others leave `allowance` (+ the headroom).
 fn card(allowance: u64, own: Option<u64>) -> CardSample {
     CardSample {
@@ -232,8 +240,7 @@ fn the_decisions_in_force_switch_with_the_plan() {
 
 #[test]
 fn oscillation_costs_no_storm() {
-    let (plan0, basis) = launched(8 * GIB, false);
-    let f = Follower::new(basis, plan0, 8 * GIB, Some(HEADROOM), Hooks::default());
+    let (f, _) = follower_at_8gib();
     let rec = Recorder::default();
     let mut t = Duration::ZERO;
     // 2 GiB taken and freed every 400 ms for a minute.
@@ -279,9 +286,8 @@ fn below_the_smallest_plan_it_serves_on_and_says_so() {
 fn memory_beyond_the_plan_comes_off_the_next_budget() {
     // The process holds 600 MiB more than its plan says (CUDA's pools):
     // a shrink plans for the allowance less that excess.
-    let (plan0, basis) = launched(8 * GIB, false);
+    let (f, _) = follower_at_8gib();
     let excess = 600 * MIB;
-    let f = Follower::new(basis, plan0.clone(), 8 * GIB, Some(HEADROOM), Hooks::default());
     let rec = Recorder::default();
     let mut t = Duration::ZERO;
     // What NVML reports follows the plan in force.
@@ -464,8 +470,7 @@ fn tokens_stay_identical_across_a_live_demotion_in_exact_mode() {
 
 #[test]
 fn a_failed_migration_keeps_the_plan_where_the_weights_are() {
-    let (plan0, basis) = launched(8 * GIB, false);
-    let f = Follower::new(basis, plan0.clone(), 8 * GIB, Some(HEADROOM), Hooks::default());
+    let (f, plan0) = follower_at_8gib();
     let shrink = |f: &Follower, t: &mut Duration| {
         for _ in 0..2 {
             f.step(*t, Some(card(6 * GIB, None)));
@@ -618,8 +623,7 @@ fn run_side(f: &Follower, e: &mut SideEngine, t: &mut Duration, secs: f64, allow
 /// demoted.
 #[test]
 fn a_promotion_is_staged_and_a_shrink_cancels_it_before_demoting() {
-    let (plan0, basis) = launched(8 * GIB, false);
-    let f = Follower::new(basis, plan0.clone(), 8 * GIB, Some(HEADROOM), Hooks::default());
+    let (f, _) = follower_at_8gib();
     let mut e = SideEngine::default();
     let mut t = Duration::ZERO;
 
@@ -679,8 +683,7 @@ fn a_promotion_is_staged_and_a_shrink_cancels_it_before_demoting() {
 /// is staged cancels the stage and moves nothing.
 #[test]
 fn a_staged_promotion_no_longer_needed_is_cancelled() {
-    let (plan0, basis) = launched(8 * GIB, false);
-    let f = Follower::new(basis, plan0.clone(), 8 * GIB, Some(HEADROOM), Hooks::default());
+    let (f, _) = follower_at_8gib();
     let mut e = SideEngine::default();
     let mut t = Duration::ZERO;
     run_side(&f, &mut e, &mut t, 1.0, 6 * GIB);
