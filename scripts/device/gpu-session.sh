@@ -2449,14 +2449,14 @@ r2p1() {
     tar czf "$OUT/results.tgz" -C "$W" results
 }
 
-# r2p2 (one call, carrying .stash and .whl/r2-prefill: dist.tar.xz, the
+# r2p2 (after zunstash, or in one call carrying .stash too; .whl/r2-prefill: dist.tar.xz, the
 # branch's final build (patch 0032, the planner's spread order, the mask's
 # new cost); prev/pipeshard.xz, r2p1's pipeshard (same libraries, the
 # planner before those two changes); upbench.tar.xz): upstream's full-GPU
 # pp4096 of R2 before and after; R2 at 4 GiB with both planners; R2 at 4 GiB
 # and R1 at 2 GiB with decode (--tg); both R2 plans.
 r2p2() {
-    zunstash > /dev/null
+    [[ -f /root/cudalib/libggml-cuda.so ]] || zunstash > /dev/null
     local d=.whl/r2-prefill
     rm -rf dist && mkdir dist && tar -C dist -xJf $d/dist.tar.xz
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
