@@ -938,30 +938,46 @@ fn r2_hybrid_share_on_the_h200_profile_is_the_one_measured_fastest() {
 }
 
 #[test]
-fn with_everything_resident_the_first_ubatchs_mask_keeps_the_ubatch_below_the_prompt() {
-    // On the H200, upstream's full-GPU pp4096 is slower at ub 4096 than at
-    // ub 2048 for both reference models (R1 0.366 against 0.344 s, R2 0.321
-    // against 0.306 s, h200-session9 s9d): the host fills a ubatch's
-    // attention mask before its graph starts, and a prompt in one ubatch
-    // waits for all of it. The planner with every weight resident plans
-    // a smaller ubatch: ub 4096 is not predicted faster than ub 2048 by
-    // the 3% a larger ubatch must gain (R2's expert samples still favour
-    // larger ubatches, R1 prices ub 4096 above ub 2048).
+fn the_first_ubatchs_mask_costs_what_patch_0032_leaves_of_it() {
+    // The host fills a ubatch's attention mask before its graph starts,
+    // and the first ubatch of a prompt overlaps nothing. Before patch 0032
+    // that took ~2 ns an entry, so one ubatch of 4096 waited ~34 ms for
+    // its 16.8M entries: upstream's full-GPU pp4096 was slower at ub 4096
+    // than at ub 2048 for both reference models (h200-session9 s9d). With
+    // the patch, pipeshard's full-GPU prompt of R2 at ub 4096 took 0.302 s
+    // against 0.339 s without it, in one call on the H200
+    // (h200-session13/r2-prefill.md). The planner prices each entry at
+    // what is left, 0.3 ns: 5 ms for one ubatch of 4096, 1.3 ms for 2048.
     let profile = h200_profile();
     for preset in ["llama3.1-8b", "qwen3-30b-a3b"] {
         let info = synth::model_info(preset, Quant::Q4_0).unwrap();
-        let p = plan::make_plan(&info, &profile, &PlanRequest::new(64 * GIB, 4352)).unwrap();
-        assert!(p.tensors.iter().all(|t| t.resident), "{preset}");
-        assert!(p.ubatch < 4096, "{preset}: ub {}", p.ubatch);
-        let at = |u| {
-            let req = PlanRequest {
+        let at = |u: u32, mask_entry_s: f64| {
+            let mut req = PlanRequest {
                 ubatch: Some(u),
                 ..PlanRequest::new(64 * GIB, 4352)
             };
+            req.overheads.mask_entry_s = mask_entry_s;
             plan::make_plan(&info, &profile, &req).unwrap().predicted.ttft_s
         };
-        assert!(at(4096) > 0.97 * at(2048), "{preset}: {} {}", at(4096), at(2048));
+        let entry = plan::Overheads::default().mask_entry_s;
+        assert!(entry > 0.0 && entry < 0.5e-9, "{entry}");
+        for u in [2048u32, 4096] {
+            let mask = at(u, entry) - at(u, 0.0);
+            let expected = (u as f64) * (u as f64) * entry;
+            assert!(
+                (mask - expected).abs() < 1e-5,
+                "{preset} ub {u}: {mask} s, expected {expected}"
+            );
+        }
+        // The old price would have added ~29 ms to one ubatch of 4096.
+        assert!(at(4096, 2e-9) - at(4096, entry) > 0.025, "{preset}");
     }
+    // With every weight resident, R2's prompt is no longer held out of one
+    // ubatch by its mask (measured: 0.302 s at ub 4096, 0.293-0.299 s at 2048).
+    let r2 = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();
+    let p = plan::make_plan(&r2, &profile, &PlanRequest::new(64 * GIB, 4352)).unwrap();
+    assert!(p.tensors.iter().all(|t| t.resident));
+    assert_eq!(p.ubatch, 4096);
 }
 
 /// A server's slots decode together: with `-np 4` its plan prices the

@@ -5,6 +5,8 @@
 //   K,start_ns,end_ns,stream,name     (kernels)
 //   M,start_ns,end_ns,stream,bytes,copy_kind   (memcpy: 1 = H2D, 2 = D2H, 8 = D2D)
 //   S,start_ns,end_ns,stream,bytes    (memset)
+//   A,start_ns,end_ns,thread,name     (CUDA runtime API calls, host side, with CUPTI_TRACE_API=1: where the
+//                                      host issues work and where it waits; same clock as the device records)
 // Built on the GPU machine by scripts/device/gpu-session.sh (po_trace_build),
 // which passes the record structures of its CUPTI version as KREC and MREC.
 #include <cupti.h>
@@ -56,6 +58,16 @@ static void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t * buffer, siz
                         s->streamId, (unsigned long long) s->bytes);
                 break;
             }
+            case CUPTI_ACTIVITY_KIND_RUNTIME: {
+                const CUpti_ActivityAPI * a    = (const CUpti_ActivityAPI *) record;
+                const char *              name = NULL;
+                if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name) != CUPTI_SUCCESS || !name) {
+                    name = "?";
+                }
+                fprintf(trace_out, "A,%llu,%llu,%u,%.60s\n", (unsigned long long) a->start, (unsigned long long) a->end,
+                        a->threadId, name);
+                break;
+            }
             default:
                 break;
         }
@@ -86,6 +98,10 @@ extern "C" int InitializeInjection(void) {
     cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
     cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY);
     cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET);
+    const char * api = getenv("CUPTI_TRACE_API");
+    if (api && atoi(api) != 0) {
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME);
+    }
     atexit(trace_flush);
     return 1;
 }

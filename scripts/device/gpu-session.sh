@@ -2388,4 +2388,95 @@ s12final() {
     tar czf "$OUT/results.tgz" -C "$W" results
 }
 
+# Session 13, issue 16 part 2 for R2 (branch r2-prefill): R2's prompt at
+# 4 GiB (one ubatch of 4096 that streams 14.24 GiB) against upstream's
+# full-GPU pp4096. After zunstash (carry .stash), carrying .whl/r2-prefill:
+# dist/ (scripts/device/pack.sh without upstream/ and the source tarball),
+# old/libllama.so.0.6.0.xz (the same build without patch 0032, for dist-old),
+# upbench.tar.xz (session 12's pristine llama-bench, as s12lead), and this
+# branch's scripts (cupti-trace.cpp with host API records, trace-prompt.py).
+r2p_prep() {
+    local d=.whl/r2-prefill
+    rm -rf dist && cp -a $d/dist dist && cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf $d/upbench.tar.xz
+    ZUPSTREAM=0 zprep > /dev/null
+    rm -rf dist-old && cp -a dist dist-old && xz -dc $d/old/libllama.so.0.6.0.xz > dist-old/lib/libllama.so.0.6.0
+    cp $d/trace-prompt.py $d/trace-gaps.py "$RES/" 2>/dev/null || true
+}
+r2p_up() { # NAME MODEL: upstream's full-GPU pp4096 (ub 1024, 2048, 4096)
+    LD_LIBRARY_PATH=$PWD/dist/upstream/bin timeout 150 dist/upstream/bin/llama-bench -m "$W/$2.gguf" -ngl 99 -fa 1 -t 16 \
+        -p 4096 -n 0 -b 4096 -ub 1024,2048,4096 -r 5 -o md > "$RES/$1.log" 2>&1 || echo "$1 failed: $?"
+    grep -E "pp4096" "$RES/$1.log" | sed "s/^/$1: /" || true
+}
+r2p_ttft() { # NAME...: the TTFT of each repetition
+    local f
+    for f in "$@"; do
+        echo "$f: $(grep -E "llama.cpp's prompt" "$RES/$f.log" | sed -E "s/^.*TTFT ([0-9.]+) s .*/\1/" | tr '\n' ' ')"
+    done
+}
+r2p_trace() { # NAME BUDGET POLICY [EXTRA...]: po_r2 under the CUPTI recorder, host API calls included
+    [[ -f /root/libcupti-trace.so ]] || return 0
+    CUDA_INJECTION64_PATH=/root/libcupti-trace.so CUPTI_TRACE_API=1 CUPTI_TRACE_OUT=$RES/$1.csv REPS=${TREPS:-4} NGEN=2 po_r2 "$@"
+    if [[ -f $RES/$1.csv ]]; then
+        timeout 120 python3 .whl/r2-prefill/trace-prompt.py "$RES/$1.csv" > "$RES/$1.prompt.txt" 2>&1 || true
+        head -c 6000 "$RES/$1.prompt.txt"
+        xz -T8 -f "$RES/$1.csv"
+    fi
+}
+# r2p1: the traces (R2 at 4 GiB with and without patch 0032), then the rows:
+# full GPU at ub 2048 and 4096 (with and without 0032), R2 at 4 GiB, slots
+# 3 and 6, R1 at 2 GiB; upstream before and after.
+r2p1() {
+    r2p_prep
+    r2p_up u1-r2 r2
+    CUPTI_SRC=.whl/r2-prefill/cupti-trace.cpp po_trace_build || CUPTI_SRC=scripts/device/cupti-trace.cpp po_trace_build || true
+    P=dist-old/pipeshard r2p_trace t-old-r2-4g 4GiB pipeshard
+    r2p_trace t-r2-4g 4GiB pipeshard
+    echo "traces done at ${SECONDS} s"
+    REPS=5
+    po_r2 r2-fg2048 64GiB full-gpu --ub 2048
+    po_r2 r2-fg4096 64GiB full-gpu --ub 4096
+    P=dist-old/pipeshard po_r2 old-r2-fg4096 64GiB full-gpu --ub 4096
+    po_r2 r2-4g 4GiB pipeshard
+    P=dist-old/pipeshard po_r2 old-r2-4g 4GiB pipeshard
+    po_r2 r2-4g-again 4GiB pipeshard
+    REPS=3 po_r2 r2-4g-s3 4GiB pipeshard --stream-slots 3
+    REPS=3 po_r2 r2-4g-s6 4GiB pipeshard --stream-slots 6
+    po_row r1-2g 2GiB pipeshard
+    r2p_up u2-r2 r2
+    r2p_ttft r2-fg2048 r2-fg4096 old-r2-fg4096 r2-4g old-r2-4g r2-4g-again r2-4g-s3 r2-4g-s6 r1-2g
+    echo "done at ${SECONDS} s"
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+
+# r2p2 (after zunstash, or in one call carrying .stash too; .whl/r2-prefill: dist.tar.xz, the
+# branch's final build (patch 0032, the planner's spread order, the mask's
+# new cost); prev/pipeshard.xz, r2p1's pipeshard (same libraries, the
+# planner before those two changes); upbench.tar.xz): upstream's full-GPU
+# pp4096 of R2 before and after; R2 at 4 GiB with both planners; R2 at 4 GiB
+# and R1 at 2 GiB with decode (--tg); both R2 plans.
+r2p2() {
+    [[ -f /root/cudalib/libggml-cuda.so ]] || zunstash > /dev/null
+    local d=.whl/r2-prefill
+    rm -rf dist && mkdir dist && tar -C dist -xJf $d/dist.tar.xz
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf $d/upbench.tar.xz
+    ZUPSTREAM=0 zprep > /dev/null
+    rm -rf dist-prev && mkdir dist-prev && ln -s ../dist/lib dist-prev/lib
+    xz -dc $d/prev/pipeshard.xz > dist-prev/pipeshard && chmod +x dist-prev/pipeshard
+    r2p_up f-up-r2 r2
+    REPS=5 po_r2 f-r2-4g 4GiB pipeshard
+    REPS=5 P=dist-prev/pipeshard po_r2 f-prev-r2-4g 4GiB pipeshard
+    parity_ps f-r2-4g-tg r2 4GiB pipeshard --tg
+    parity_ps f-r1-2g-tg r1 2GiB pipeshard --tg
+    r2p_up f-up2-r2 r2
+    r2p_ttft f-r2-4g f-prev-r2-4g f-r2-4g-tg f-r1-2g-tg
+    grep -hE "tg64|decode" "$RES"/f-r2-4g-tg.log "$RES"/f-r1-2g-tg.log | grep -vE "TTFT" | sed -E "s/^.*INFO[^ ]* //" | tail -4
+    $P plan -m "$W/r2.gguf" --vram-budget 4GiB -c 4352 --profile "$RES/profile.yaml" > "$RES/f-plan-r2.txt" 2>&1 || true
+    dist-prev/pipeshard plan -m "$W/r2.gguf" --vram-budget 4GiB -c 4352 --profile "$RES/profile.yaml" > "$RES/f-prev-plan-r2.txt" 2>&1 || true
+    grep -E "ubatch|exps" "$RES/f-plan-r2.txt" | head -12
+    echo "done at ${SECONDS} s"
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+
 "$@"

@@ -115,7 +115,13 @@ pub struct Overheads {
     /// of 4096 waits for 16.8M entries, two of 2048 for 4.2M. On the H200
     /// upstream's full-GPU pp4096 of R1 is 22 ms slower at ub 4096 than at
     /// ub 2048 where the samples predict it 4 ms faster (h200-session9
-    /// s9d): 26 ms for 12.6M entries, about 2 ns each.
+    /// s9d): 26 ms for 12.6M entries, about 2 ns each. Patch 0032 fills
+    /// the mask without a cell lookup per entry: on the H200 host the
+    /// full-GPU prompt of R2 in one ubatch of 4096 took 0.302 s with it
+    /// against 0.339 s without (h200-session13/r2-prefill.md), and the
+    /// host's step before the graph that holds the fill went from 83 to
+    /// 8 ms in a CUPTI trace; 0.3 ns per entry (5 ms for 16.8M) is an upper
+    /// bound of what is left.
     #[serde(default = "default_mask_entry_s")]
     pub mask_entry_s: f64,
     /// Seconds the device waits between two ubatches of a prompt: the
@@ -135,7 +141,7 @@ fn default_ubatch_s() -> f64 {
 }
 
 fn default_mask_entry_s() -> f64 {
-    2e-9
+    0.3e-9
 }
 
 fn default_layer_s() -> f64 {
