@@ -2479,4 +2479,84 @@ r2p2() {
     tar czf "$OUT/results.tgz" -C "$W" results
 }
 
+# Session 13, branch clients13 (issue 14: four clients with a margin). After
+# zunstash; .whl/clients13 carried (dist/: this branch's build with main's
+# libggml-base; diag/libggml-base.so.0: the same with the prefetch of routed
+# experts, GGML_SCHED_EXPERT_PREFETCH bit 0, the next run's first copies at
+# the end of a run, bit 1, and DIAG_ROT_ROUTED=1 putting back patch 0030's slot
+# rotation in graphs with routed copies).
+c13prep() {
+    # main's modules (zunstash), also when another call of this session left them on a warm machine
+    echo "9aefa3957d0b2e5a11c91b469a051f01  /root/cudalib/libggml-cuda.so" | md5sum -c --quiet || exit 3
+    rm -rf dist && cp -a .whl/clients13/dist dist
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep > /dev/null
+    local v
+    for v in diag final; do
+        [[ -f .whl/clients13/$v/libggml-base.so.0 ]] || continue
+        mkdir -p dist/$v && ln -sfn ../lib dist/$v/lib && cp dist/pipeshard-server dist/pipeshard dist/$v/
+        cp .whl/clients13/$v/libggml-base.so.0 dist/$v/
+    done
+}
+# c13row NAME DIR|- r2_4|r2_1 ARGS...: one server-bench row (server in
+# dist/DIR/), unless the call is past C13_STOP_S.
+c13row() {
+    local name=$1 dir=$2 what=$3 sb=.whl/clients13/server-bench.sh; shift 3
+    (( SECONDS < ${C13_STOP_S:-500} )) || { echo "$name: left out (${SECONDS} s)"; return 0; }
+    if [[ $dir == - ]]; then bash $sb $what $name "$@" || true
+    else PIPESHARD_SERVER=dist/$dir/pipeshard-server bash $sb $what $name "$@" || true; fi
+    grep -h "4-token graphs\|1-token graphs" "$RES/$name.log" | tail -2 | cut -c1-420 || true
+    grep -h decode_tok_s_total "$RES/$name.clients" || true
+    echo "$name: done at ${SECONDS} s"
+}
+c13a() {
+    c13prep
+    export SMI=0 GGML_SCHED_TIMING=1 ROUNDS=3
+    c13row c13a-base - r2_4 --vram-budget 4GiB -lv 4
+    GGML_SCHED_EXPERT_PREFETCH=1 c13row c13a-p1 diag r2_4 --vram-budget 4GiB -lv 4
+    GGML_SCHED_EXPERT_PREFETCH=3 c13row c13a-p3 diag r2_4 --vram-budget 4GiB -lv 4
+    GGML_SCHED_EXPERT_PREFETCH=2 c13row c13a-p2 diag r2_4 --vram-budget 4GiB -lv 4
+    ROUNDS=2 DIAG_ROT_ROUTED=1 c13row c13a-rot diag r2_4 --vram-budget 4GiB -lv 4
+    ROUNDS=2 DIAG_ROT_ROUTED=1 GGML_CUDA_DISABLE_GRAPHS=1 c13row c13a-rot-nograph diag r2_4 --vram-budget 4GiB -lv 4
+    c13row c13a-base2 - r2_4 --vram-budget 4GiB -lv 4
+    ROUNDS=2 GGML_SCHED_EXPERT_PREFETCH=3 c13row c13a-1-p3 diag r2_1 --vram-budget 4GiB -lv 4
+    ROUNDS=2 c13row c13a-1-base - r2_1 --vram-budget 4GiB -lv 4
+    c13out c13a
+}
+# c13b (same carry; the diag library now also has GGML_SCHED_COPY_STREAMS=2:
+# the copies of routed experts alternate between two copy streams): base and
+# two streams interleaved, four clients and one client.
+c13b() {
+    c13prep
+    export SMI=0 GGML_SCHED_TIMING=1 ROUNDS=3
+    c13row c13b-base - r2_4 --vram-budget 4GiB -lv 4
+    GGML_SCHED_COPY_STREAMS=2 c13row c13b-s2 diag r2_4 --vram-budget 4GiB -lv 4
+    GGML_SCHED_COPY_STREAMS=2 GGML_SCHED_EXPERT_PREFETCH=1 c13row c13b-s2p1 diag r2_4 --vram-budget 4GiB -lv 4
+    c13row c13b-base2 - r2_4 --vram-budget 4GiB -lv 4
+    GGML_SCHED_COPY_STREAMS=2 c13row c13b-s2b diag r2_4 --vram-budget 4GiB -lv 4
+    ROUNDS=2 GGML_SCHED_COPY_STREAMS=2 c13row c13b-1-s2 diag r2_1 --vram-budget 4GiB -lv 4
+    ROUNDS=2 c13row c13b-1-base - r2_1 --vram-budget 4GiB -lv 4
+    c13out c13b
+}
+# c13c (same carry, final/: the committed patch 0031, prefetch and two copy
+# streams on by default): main's library and the final one interleaved.
+c13c() {
+    c13prep
+    export SMI=0 GGML_SCHED_TIMING=1 ROUNDS=3
+    c13row c13c-base - r2_4 --vram-budget 4GiB -lv 4
+    c13row c13c-final final r2_4 --vram-budget 4GiB -lv 4
+    c13row c13c-base2 - r2_4 --vram-budget 4GiB -lv 4
+    c13row c13c-final2 final r2_4 --vram-budget 4GiB -lv 4
+    ROUNDS=2 c13row c13c-1-final final r2_1 --vram-budget 4GiB -lv 4
+    ROUNDS=2 c13row c13c-1-base - r2_1 --vram-budget 4GiB -lv 4
+    c13out c13c
+}
+# c13out PREFIX: this call's rows and the machine, into $OUT (a warm machine's
+# results folder may hold other calls' files).
+c13out() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RES/$1-machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)" >> "$RES/$1-machine.txt"
+    tar czf "$OUT/$1.tgz" -C "$RES" $(cd "$RES" && ls | grep "^$1")
+}
+
 "$@"

@@ -59,7 +59,7 @@ stop() { # NAME
 # clients and S shorter than three prompts' evaluation: "3+1" arrival).
 clients() {
     python3 - "$PORT" "$1" "${LATE_S:-0}" <<'PY'
-import json, sys, threading, time, urllib.request
+import hashlib, json, sys, threading, time, urllib.request
 port, n, late = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 out = [None] * n
 def one(i):
@@ -71,7 +71,8 @@ def one(i):
     req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(), {"Content-Type": "application/json"})
     t0 = time.time()
     j = json.loads(urllib.request.urlopen(req, timeout=600).read())
-    out[i] = dict(wall_s=round(time.time() - t0, 2), **{k: j["timings"][k] for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second")})
+    out[i] = dict(wall_s=round(time.time() - t0, 2), **{k: j["timings"][k] for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second")},
+                  content_sha1=hashlib.sha1(j["content"].encode()).hexdigest()[:12])
 ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
 [t.start() for t in ts]; [t.join() for t in ts]
 for o in out:
