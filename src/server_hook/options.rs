@@ -46,6 +46,7 @@ const OWN_FLAGS: &[&str] = &[
     "--stream-slots",
     "--hybrid-experts",
     "--dense-split",
+    "--split-tune",
     "--vision-stream-slots",
     "--draft-acceptance",
     "--backend-dir",
