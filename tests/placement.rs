@@ -345,3 +345,74 @@ fn row_split_on_the_cpu_computes_the_same_rows() {
         "only feed-forward weights split: {asked:?}"
     );
 }
+
+#[test]
+fn rebuilt_graphs_ask_the_split_policy_again() {
+    // The decode split chosen at run time (launch::tune) changes what the
+    // row-split callback answers between two decodes; llama.cpp reads it
+    // when it builds a graph, so `Context::rebuild_graphs` must make the
+    // next decode build its graph again, and the context must go on
+    // decoding the same tokens (both parts run on the CPU here: the same
+    // rows, bit for bit).
+    use std::sync::atomic::{AtomicU64, Ordering};
+    pipeshard::engine::init(None).unwrap();
+    let path = common::default_model_path();
+    let cpu = buffer_types().into_iter().find(|b| b.name() == "CPU").unwrap();
+    let placement: TensorPlacement = Arc::new(move |_: &str| Some(cpu));
+    let model = load_placed(&path, placement);
+    let params = common::small_context_params();
+    let prompt = model.tokenize(&"the quick brown fox ".repeat(8), true, false).unwrap();
+
+    let step_tokens = |ctx: &mut Context<'_>, n: usize, pos: usize, first: i32| {
+        let mut tok = first;
+        let mut out = Vec::new();
+        for i in 0..n {
+            ctx.decode_tokens(&[tok], (pos + i) as i32, true).unwrap();
+            let l = ctx.logits(-1).unwrap();
+            tok = l
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(i, _)| i as i32)
+                .unwrap();
+            out.push(tok);
+        }
+        out
+    };
+    let mut plain = Context::new(&model, params.clone()).unwrap();
+    plain.decode_tokens(&prompt, 0, true).unwrap();
+    let expected = step_tokens(&mut plain, 6, prompt.len(), prompt[0]);
+
+    let decode_asks = Arc::new(AtomicU64::new(0));
+    let eighths = Arc::new(AtomicU64::new(3));
+    let (asks, share) = (decode_asks.clone(), eighths.clone());
+    let policy: RowSplitPolicy = Arc::new(move |_: &str, rows: u64, n_tokens: u32| {
+        if n_tokens == 1 {
+            asks.fetch_add(1, Ordering::SeqCst);
+        }
+        rows / 32 * share.load(Ordering::SeqCst) / 8 * 32
+    });
+    let mut ctx = Context::new(
+        &model,
+        ContextParams {
+            row_split: Some(policy),
+            ..params
+        },
+    )
+    .unwrap();
+    ctx.decode_tokens(&prompt, 0, true).unwrap();
+    let mut got = step_tokens(&mut ctx, 3, prompt.len(), prompt[0]);
+    let before = decode_asks.load(Ordering::SeqCst);
+    assert!(before > 0, "decode never asked");
+    // Another share, in force from the next graph built.
+    eighths.store(5, Ordering::SeqCst);
+    ctx.rebuild_graphs();
+    got.extend(step_tokens(&mut ctx, 3, prompt.len() + 3, got[2]));
+    let after = decode_asks.load(Ordering::SeqCst);
+    let n_ffn = 3 * model.n_layer() as u64;
+    assert!(
+        after >= before + n_ffn,
+        "the rebuilt graph did not ask again: {before} then {after}"
+    );
+    assert_eq!(got, expected);
+}

@@ -1152,3 +1152,82 @@ fn each_prompt_ubatch_after_the_first_waits_for_its_inputs() {
         assert!((extra - waits * 0.01).abs() < 1e-9, "ub {ub}: {extra}");
     }
 }
+
+/// The decode split a launch tunes after load (`launch::tune`): the cost
+/// model's share is where the search starts, a plan with the share forced,
+/// an exact plan, and a plan without a split have nothing to tune, and a
+/// setting tried changes only what the split callbacks answer.
+#[test]
+fn the_decode_split_tuned_at_run_time_starts_from_the_cost_models_share() {
+    use launch::tune::{with_setting, SplitKnob, SplitSetting};
+
+    let info = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();
+    let p = plan::make_plan(&info, &h200_profile(), &PlanRequest::new(4 * GIB, 4352)).unwrap();
+    assert_eq!(
+        SplitKnob::of(&p, info.n_expert_used, false),
+        Some(SplitKnob::Experts { start: 5, max: 7 })
+    );
+    assert_eq!(
+        SplitKnob::of(&p, info.n_expert_used, true),
+        None,
+        "a forced share stays"
+    );
+    let mut exact = PlanRequest::new(4 * GIB, 4352);
+    exact.exact = true;
+    let e = plan::make_plan(&info, &h200_profile(), &exact).unwrap();
+    assert_eq!(SplitKnob::of(&e, info.n_expert_used, false), None);
+
+    // Share 4: the hybrid layers' decode answers 4, the prompt's still 0;
+    // the placement and the memory are the plan's.
+    let four = with_setting(&p, SplitSetting::Experts(4));
+    assert_eq!(four.hybrid_gpu_experts, 4);
+    assert_eq!((four.vram, four.tensors.len()), (p.vram, p.tensors.len()));
+    assert!(four
+        .tensors
+        .iter()
+        .zip(&p.tensors)
+        .all(|(a, b)| a.resident == b.resident && a.exec == b.exec));
+    let hybrid_layer = p
+        .tensors
+        .iter()
+        .find(|t| t.exec.iter().any(|&(_, e)| e == Exec::Hybrid))
+        .and_then(|t| t.layer)
+        .expect("a hybrid layer");
+    let moe = plan::apply::policies(&four).moe_split.expect("a hybrid split");
+    assert_eq!((moe(hybrid_layer, 1), moe(hybrid_layer, p.ubatch)), (4, 0));
+    let switch = plan::PolicySwitch::new(&p);
+    assert_eq!(switch.moe_split(hybrid_layer, 1), 5);
+    switch.switch(&four);
+    assert_eq!(switch.moe_split(hybrid_layer, 1), 4);
+
+    // R1 at 2 GiB: the dense row split, from its share in steps of 5%.
+    let dense = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let d = plan::make_plan(&dense, &fixture(), &PlanRequest::new(2 * GIB, 4352)).unwrap();
+    assert!(d.row_split_share > 0.0);
+    let knob = SplitKnob::of(&d, dense.n_expert_used, false).expect("a row split to tune");
+    assert_eq!(
+        knob,
+        SplitKnob::Rows {
+            start: d.row_split_share
+        }
+    );
+    let lower = match knob.setting(-1) {
+        Some(SplitSetting::Rows(f)) => f,
+        other => panic!("{other:?}"),
+    };
+    assert!((d.row_split_share - lower - 0.05).abs() < 1e-9);
+    let r = with_setting(&d, SplitSetting::Rows(lower));
+    let ffn = r
+        .tensors
+        .iter()
+        .find(|t| !t.gpu_share.is_empty())
+        .expect("a split weight");
+    assert!(ffn.gpu_share.iter().all(|&(_, f)| f == lower));
+    let rows = plan::apply::row_split_policy(&r).expect("a row split");
+    assert_eq!(rows(&ffn.name, 14336, 1), plan::apply::gpu_rows(14336, lower));
+    // Split off: nothing to tune.
+    let mut off = PlanRequest::new(2 * GIB, 4352);
+    off.dense_split = Some(0.0);
+    let o = plan::make_plan(&dense, &fixture(), &off).unwrap();
+    assert_eq!(SplitKnob::of(&o, dense.n_expert_used, false), None);
+}

@@ -2559,4 +2559,93 @@ c13out() {
     tar czf "$OUT/$1.tgz" -C "$RES" $(cd "$RES" && ls | grep "^$1")
 }
 
+# Session 13, share-tune (issue 16 part 3: the planner's own choice of the
+# CPU/GPU split, per host). After zunstash (carry .stash), a call carrying
+# .whl/share-tune: dist.tar.xz (this branch's build, scripts/device/pack.sh
+# without upstream/, the source tarball and libggml-cpu, xz-compressed) and
+# upbench.tar.xz (upstream's pristine llama-bench, as s12lead). Per model:
+# the cost model's static share (tuning off: the "before"), the share chosen
+# at run time (the "after", twice), the forced shares around it (the sweep),
+# then upstream's llama-bench tg64 @ d4096 fitted in the budget
+# (--fit-target: the card's free memory less the budget) and on the full
+# GPU. Then R2 through the server, one client: the share chosen from the
+# first steps served.
+st_row() { # NAME MODEL BUDGET [EXTRA...]: bench's decode with --tg
+    local name=$1 model=$2 budget=$3; shift 3
+    timeout 240 $P bench -m "$W/$model.gguf" --vram-budget "$budget" --policies pipeshard -p 4096 -n 64 -r 2 -t 16 --tg \
+        --profile "$RES/profile.yaml" -o "$RES/$name" "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
+    grep -E "TTFT|tg64|decode split|error|process VRAM" "$RES/$name.log" | sed -E "s/^.*(INFO|WARN|ERROR)[^ ]* //; s/^/$name: /" | cut -c1-400 || true
+}
+st_up() { # NAME MODEL BUDGET_MIB|full: upstream's tg64 @ d4096, fitted in the budget or on the full GPU
+    local name=$1 model=$2 b=$3 fit=()
+    if [[ $b != full ]]; then
+        local free; free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
+        fit=(-fitt $((free - b)) -fitc 4160)
+    fi
+    # Its own pristine libllama/libggml-base next to it, never dist/lib's.
+    export LD_LIBRARY_PATH=$PWD/dist/upstream/bin
+    smi_peak "$name" timeout 200 dist/upstream/bin/llama-bench -m "$W/$model.gguf" \
+        -ngl 99 -fa 1 -t 16 -p 0 -n 64 -d 4096 -r 2 "${fit[@]}" -o md
+    unset LD_LIBRARY_PATH
+    grep -E "tg64" "$RES/$name.log" | sed "s/^/$name: /" || true
+}
+st_tar() { tar czf "$OUT/results.tgz" -C "$W" results; }
+# Each part runs only while the call's time allows (ST_LIMIT s in all; a
+# call is stopped at 600 s), and the results are packed after each part.
+st_time() { (( SECONDS < ${ST_LIMIT:-470} - $1 )); }
+st_prep() {
+    rm -rf dist && mkdir dist && tar -xJf .whl/share-tune/dist.tar.xz --strip-components=1 -C dist
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/share-tune/upbench.tar.xz
+    ZUPSTREAM=0 zprep > /dev/null
+    cat "$RES/machine.txt"
+    echo "prepared at ${SECONDS} s"
+}
+s13tune() {
+    st_prep
+    local k f
+    PIPESHARD_SPLIT_TUNE=0 st_row r2-before r2 4GiB
+    st_row r2-after r2 4GiB
+    for k in ${ST_K:-4 6}; do st_row r2-k$k r2 4GiB --hybrid-experts $k; done
+    st_row r2-after2 r2 4GiB
+    echo "r2 done at ${SECONDS} s"; st_tar
+    PIPESHARD_SPLIT_TUNE=0 st_row r1-before r1 2GiB
+    st_row r1-after r1 2GiB
+    for f in ${ST_F:-0.70 0.80}; do st_row r1-f$f r1 2GiB --dense-split $f; done
+    st_row r1-after2 r1 2GiB
+    echo "r1 done at ${SECONDS} s"; st_tar
+    if st_time 120; then
+        st_up up-fit-r2 r2 4096
+        st_up up-full-r2 r2 full
+        st_up up-fit-r1 r1 2048
+        st_up up-full-r1 r1 full
+        echo "upstream done at ${SECONDS} s"; st_tar
+    fi
+    if st_time 60; then
+        SMI=0 bash scripts/device/server-bench.sh r2_1 st-r2-1 --vram-budget 4GiB || true
+        grep -h "decode split" "$RES"/st-r2-1*.log | cut -c1-400 || true
+    fi
+    echo "done at ${SECONDS} s"; st_tar
+}
+# On an H100 host (its committed profile, chosen by zprep), fewer rows, as
+# the call's time allows; R2 with the model's share forced (no tuning, no
+# rebuild of the graphs) beside the tuned row.
+s13tune_h100() {
+    st_prep
+    PIPESHARD_SPLIT_TUNE=0 st_row r2-before r2 4GiB
+    st_row r2-after r2 4GiB
+    st_time 30 && st_row r2-k5 r2 4GiB --hybrid-experts 5
+    echo "r2 done at ${SECONDS} s"; st_tar
+    st_time 30 && PIPESHARD_SPLIT_TUNE=0 st_row r1-before r1 2GiB
+    st_time 30 && st_row r1-after r1 2GiB
+    echo "r1 done at ${SECONDS} s"; st_tar
+    st_time 40 && st_row r2-k4 r2 4GiB --hybrid-experts 4
+    st_time 40 && st_row r1-f0.63 r1 2GiB --dense-split 0.63
+    if st_time 30; then
+        st_up up-fit-r2 r2 4096
+        st_up up-fit-r1 r1 2048
+    fi
+    echo "done at ${SECONDS} s"; st_tar
+}
+
 "$@"

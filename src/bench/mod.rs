@@ -214,6 +214,8 @@ pub fn run_policy(
     let mut predicted = None;
     // The process overhead pipeshard's plan budgets outside llama.cpp's buffers.
     let mut launch_check = None;
+    // pipeshard's launch, whose decode split is chosen after the warm-up.
+    let mut launched = None;
     let margin = 64u64 << 20;
     let (mp, setting): (ModelParams<'static>, String) = match policy {
         Policy::Pipeshard | Policy::PipeshardSync | Policy::PipeshardExact => {
@@ -244,28 +246,27 @@ pub fn run_policy(
                 ctx_params.stream_slots = 0;
             }
             predicted = Some(launch.plan.predicted);
-            let p = &launch.plan;
             launch_check = Some(launch.overhead.total());
+            let p = &launch.plan;
             let streamed: u64 = p
                 .tensors
                 .iter()
                 .filter(|t| t.exec.iter().any(|&(n, e)| n == p.ubatch && e == plan::Exec::Stream))
                 .map(|t| t.bytes)
                 .sum();
-            (
-                mp,
-                format!(
-                    "ub {}, {} resident, {} streamed per ubatch, {} slots, KV {}/{} layers, hybrid experts {}, row split {:.0}% GPU",
-                    p.ubatch,
-                    plan::fmt_bytes(p.resident_bytes()),
-                    plan::fmt_bytes(streamed),
-                    ctx_params.stream_slots,
-                    p.kv_gpu_layers,
-                    p.n_layer,
-                    p.hybrid_gpu_experts,
-                    p.row_split_share * 100.0
-                ),
-            )
+            let setting = format!(
+                "ub {}, {} resident, {} streamed per ubatch, {} slots, KV {}/{} layers, hybrid experts {}, row split {:.0}% GPU",
+                p.ubatch,
+                plan::fmt_bytes(p.resident_bytes()),
+                plan::fmt_bytes(streamed),
+                ctx_params.stream_slots,
+                p.kv_gpu_layers,
+                p.n_layer,
+                p.hybrid_gpu_experts,
+                p.row_split_share * 100.0
+            );
+            launched = Some(launch);
+            (mp, setting)
         }
         Policy::AttnGpu => (
             upstream_params(policy, info, 0, cfg.repack),
@@ -362,6 +363,14 @@ pub fn run_policy(
     // llama-bench's warm-up synchronises, so none of it runs into the first
     // timed prompt.
     greedy_token(&mut ctx)?;
+    // pipeshard's decode split: the cost model's share or a neighbour,
+    // whichever decodes fastest here, at the prompt's depth.
+    let mut setting = setting;
+    if let Some(launch) = launched.as_mut() {
+        if let Some(t) = crate::launch::tune_split(launch, &mut ctx, prompt.len() as u32 + 1)? {
+            setting = format!("{setting}; decode split tuned: {t}");
+        }
+    }
     step("warm-up");
     if let Some(overhead) = launch_check {
         // A benchmark measures on: the row is marked over budget below.

@@ -163,16 +163,19 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
         n_ubatch: ubatch,
         ..base_ctx.clone()
     };
-    let trace =
-        |label: &str, mp: ModelParams<'_>, cp: ContextParams, check: Option<&launch::Launch>| -> Result<GreedyTrace> {
-            let model = load_with_progress(&model_path, mp, label)?;
-            let mut ctx = Context::new(&model, cp).context("creating the context")?;
-            if let Some(l) = check {
-                l.verify_loaded(&mut ctx, &[])?;
-            }
-            let prompt = model.tokenize(&args.prompt, true, false)?;
-            Ok(greedy_trace(&mut ctx, &prompt, args.n_predict)?)
-        };
+    let trace = |label: &str,
+                 mp: ModelParams<'_>,
+                 cp: ContextParams,
+                 check: Option<&mut launch::Launch>|
+     -> Result<GreedyTrace> {
+        let model = load_with_progress(&model_path, mp, label)?;
+        let mut ctx = Context::new(&model, cp).context("creating the context")?;
+        if let Some(l) = check {
+            l.verify_loaded(&mut ctx, &[])?;
+        }
+        let prompt = model.tokenize(&args.prompt, true, false)?;
+        Ok(greedy_trace(&mut ctx, &prompt, args.n_predict)?)
+    };
 
     // The reference runs with the exact plan's ubatch (the same kernels
     // per chunk); greedy decode is one token at a time in every mode.
@@ -188,13 +191,14 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
     let mut report = serde_json::Map::new();
     report.insert("model".into(), model_path.display().to_string().into());
     let mut exact_identical = true;
-    for (label, launched) in &launches {
-        let plan = &launched.plan;
+    for (label, launched) in &mut launches {
         let mut mp = ModelParams::default();
-        let mut cp = ctx_for(plan.ubatch);
+        let mut cp = ctx_for(launched.plan.ubatch);
         launched.install(&mut mp, &mut cp)?;
         let t = std::time::Instant::now();
-        let planned = trace(label, mp, cp, Some(launched))?;
+        let planned = trace(label, mp, cp, Some(&mut *launched))?;
+        // With the decode split chosen at load.
+        let plan = &launched.plan;
         let secs = t.elapsed().as_secs_f64();
         let c = compare(&reference, &planned);
         eprintln!(

@@ -224,7 +224,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         draft: args.draft.source()?,
         ..launch::LaunchRequest::new(&model_path, &args.budget, threads, workload)?
     };
-    let launched = plan_with_bar(&req, &ctx_params)?;
+    let mut launched = plan_with_bar(&req, &ctx_params)?;
     if let Some(l) = &launched {
         let plan = &l.plan;
         eprintln!(
@@ -247,8 +247,9 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
     // a plain generation (not with a draft model or an image).
     let follower = match launched.as_ref().and_then(|l| l.replan.clone().map(|b| (l, b))) {
         Some((l, basis)) if args.draft.draft_model.is_none() && args.image.is_none() => {
-            let switch = pipeshard::plan::PolicySwitch::new(&l.plan);
-            switch.install(&mut ctx_params);
+            // The context's callbacks ask the launch's switch (installed
+            // with the plan); a re-plan's decisions replace them there.
+            let switch = l.switch.clone();
             model_params.movable_weights = true;
             let hooks = live::Hooks {
                 wake: Box::new(|| {}),
@@ -264,7 +265,8 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         }
         _ => None,
     };
-    let plan = launched.as_ref().map(|l| &l.plan);
+    let plan = launched.as_ref().map(|l| l.plan.clone());
+    let plan = plan.as_ref();
     if args.draft.draft_model.is_some() && ctx_params.n_outputs_max != 0 {
         // Each verification batch samples every position it holds.
         ctx_params.n_outputs_max = ctx_params.n_outputs_max.max(args.draft.draft_n_max + 1);
@@ -334,7 +336,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         }
         None => None,
     };
-    let loaded = match &launched {
+    let loaded = match &mut launched {
         Some(l) => {
             let others: Vec<&Context<'_>> = draft_ctx.iter().collect();
             Some(l.verify_loaded(&mut ctx, &others)?)

@@ -230,6 +230,9 @@ pub struct Context<'m> {
     _offload: Option<Box<OffloadPolicy>>,
     _moe_split: Option<Box<MoeSplitPolicy>>,
     _row_split: Option<Box<RowSplitPolicy>>,
+    // The streaming slots and routed threshold it was made with, which
+    // `rebuild_graphs` sets again.
+    stream: (u32, u32),
     // The greedy chain of backend sampling; a field, so it is freed after
     // the context (in `drop`), which refers to it.
     greedy: Option<Sampler>,
@@ -298,6 +301,7 @@ impl<'m> Context<'m> {
             _offload: offload,
             _moe_split: moe_split,
             _row_split: row_split,
+            stream: (params.stream_slots, params.stream_routed_max),
             greedy,
         })
     }
@@ -475,6 +479,17 @@ impl<'m> Context<'m> {
     /// graph reuse).
     pub fn graphs_reused(&self) -> u32 {
         self.perf().graphs_reused
+    }
+
+    /// End graph reuse: the next decode builds and splits its graph again
+    /// and reserves the compute buffers again in place (patch 0023's
+    /// `llama_set_stream_slots` with the context's own slots, which keeps
+    /// the buffers allocated; they only grow). What the per-op callbacks
+    /// (offload, hybrid experts, row split) answer is read at graph build,
+    /// so a graph made before they changed would keep the old decisions.
+    pub fn rebuild_graphs(&mut self) {
+        let (slots, routed_max) = self.stream;
+        self.context_ref().set_stream_slots(slots, routed_max);
     }
 
     /// Forget all sequences.

@@ -123,6 +123,18 @@ impl ContextRef<'_> {
         })
     }
 
+    /// Sequences the context holds.
+    pub fn n_seq_max(&self) -> u32 {
+        // SAFETY: a live context; plain query.
+        unsafe { ffi::llama_n_seq_max(self.ptr.as_ptr()) }
+    }
+
+    /// Highest position of sequence `seq` in the context's memory, or -1.
+    pub fn seq_pos_max(&self, seq: i32) -> i32 {
+        // SAFETY: a live context; plain query of its memory.
+        unsafe { ffi::llama_memory_seq_pos_max(ffi::llama_get_memory(self.ptr.as_ptr()), seq) }
+    }
+
     /// Change the number of weight streaming slots (patch 0003) and the
     /// routed-expert streaming threshold (patch 0005) of the live context.
     /// The compute buffers are released now and reserved again by the next

@@ -121,6 +121,14 @@ pub fn llama_device_bytes(contexts: &[&Context<'_>]) -> u64 {
 /// grows on first use (ggml-cuda's pool, cuBLAS, CUDA graphs) has grown,
 /// so the process's figure after it is its peak.
 pub fn warm_up(ctx: &mut Context<'_>, n_ubatch: u32) -> Result<(), LaunchError> {
+    warm_up_to_depth(ctx, n_ubatch)?;
+    ctx.clear();
+    Ok(())
+}
+
+/// [`warm_up`] without the clearing: returns the cells of sequence 0 it
+/// left in the cache.
+fn warm_up_to_depth(ctx: &mut Context<'_>, n_ubatch: u32) -> Result<u32, LaunchError> {
     // A ubatch, then one token after it (decode's graph): both must fit the
     // context, so a ubatch as long as the context leaves the last cell.
     let n_ctx = ctx.n_ctx() as usize;
@@ -132,19 +140,27 @@ pub fn warm_up(ctx: &mut Context<'_>, n_ubatch: u32) -> Result<(), LaunchError> 
     ctx.decode_tokens(&tokens, 0, true)?;
     if n < n_ctx {
         ctx.decode_tokens(&tokens[..1], n as i32, true)?;
+        return Ok(n as u32 + 1);
     }
-    ctx.clear();
-    Ok(())
+    Ok(n as u32)
 }
 
 impl super::Launch {
     /// Check the loaded context `main` and any `others` beside it (a
     /// draft's) against the budget, after warming `main` up at the plan's
-    /// ubatch.
-    pub fn verify_loaded(&self, main: &mut Context<'_>, others: &[&Context<'_>]) -> Result<LoadedMemory, LaunchError> {
+    /// ubatch and choosing its decode split at the depth of that ubatch
+    /// ([`super::tune::tune_split`]), so that the process's figure holds
+    /// what every setting tried allocated.
+    pub fn verify_loaded(
+        &mut self,
+        main: &mut Context<'_>,
+        others: &[&Context<'_>],
+    ) -> Result<LoadedMemory, LaunchError> {
         let gpu = engine::has_gpu();
         if gpu {
-            warm_up(main, self.plan.ubatch)?;
+            let depth = warm_up_to_depth(main, self.plan.ubatch)?;
+            super::tune::tune_split(self, main, depth)?;
+            main.clear();
         }
         let mut contexts: Vec<&Context<'_>> = vec![main];
         contexts.extend_from_slice(others);

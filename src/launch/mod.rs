@@ -16,20 +16,23 @@ mod draft;
 pub mod live;
 mod options;
 mod overhead;
+pub mod tune;
 mod vision;
 
 pub use check::{dry_run_bytes, llama_device_bytes, make_measured_plan, verify, warm_up, LoadedMemory};
 pub use draft::{draft_cost, plan_with_draft, DraftCost, DraftSource, DRAFT_UBATCH};
 pub use options::{default_headroom, BudgetSpec, PipeshardOptions};
 pub use overhead::{OverheadSource, ProcessOverhead, ASSUMED_CONTEXT_BYTES, RUNTIME_BYTES, RUNTIME_BYTES_PER_TOKEN};
+pub use tune::{tune_split, ShareSearch, SplitKnob, SplitSetting, SplitTuning};
 pub use vision::{vision_memory, vision_options, vision_setup, VisionMemory};
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::engine::{self, ContextParams, FlashAttention, ModelParams};
 use crate::gguf::{GgmlType, ModelInfo};
 use crate::plan::apply::{apply, Applied, ApplyError};
-use crate::plan::{fmt_bytes, Plan, PlanError, PlanRequest, Workload};
+use crate::plan::{fmt_bytes, Plan, PlanError, PlanRequest, PolicySwitch, Workload};
 use crate::profile::{self, MachineProfile, ProfileError, ProfileKey, ProfileMode};
 
 /// Why a model cannot be launched as asked.
@@ -131,16 +134,33 @@ pub struct Launch {
     /// What re-planning it for another budget needs, with `--vram-budget
     /// auto` (the budget then follows the card while the model runs).
     pub replan: Option<live::ReplanBasis>,
+    /// The per-op decisions in force, which the context's callbacks ask
+    /// ([`Launch::install`]): the decode split tuned after load
+    /// ([`tune::tune_split`]) and a live re-plan replace them.
+    pub switch: Arc<PolicySwitch>,
+    /// The decode split still to be chosen at run time, if the plan has one
+    /// the user did not force ([`tune::tune_split`]).
+    pub split_knob: Option<SplitKnob>,
 }
 
 impl Launch {
     /// Put the plan into the parameters the model and context are made
-    /// with; fails without the GPU the plan places weights on.
+    /// with; fails without the GPU the plan places weights on. The
+    /// context's per-op callbacks ask [`Launch::switch`].
     pub fn install(&self, mp: &mut ModelParams<'_>, cp: &mut ContextParams) -> Result<Applied, LaunchError> {
         let applied = apply(&self.plan)?;
         applied.configure_model(mp);
         applied.configure_context(cp);
+        self.switch.install(cp);
         Ok(applied)
+    }
+
+    /// Put `plan`'s per-op decisions in force in `ctx`, made with
+    /// [`Launch::install`]'s parameters: its graphs are built again at the
+    /// next decode.
+    pub fn put_in_force(&self, plan: &Plan, ctx: &mut engine::Context<'_>) {
+        self.switch.switch(plan);
+        ctx.rebuild_graphs();
     }
 }
 
@@ -249,10 +269,11 @@ pub fn plan_for(
     progress: impl FnMut(u64, u64),
 ) -> Result<Option<Launch>, LaunchError> {
     let profile_path = req.options.profile.as_deref();
-    let (plan, overhead, replan) = if let Some(path) = &req.options.plan {
+    let (plan, overhead, replan, split_knob) = if let Some(path) = &req.options.plan {
         let plan = load_plan(path)?;
         let overhead = ProcessOverhead::for_machine(None, cp.n_ctx as u64);
-        (plan, overhead, None)
+        // A saved plan is used as is.
+        (plan, overhead, None, None)
     } else if let Some(budget) = req.budget {
         if profile_path.is_none() && !engine::has_gpu() {
             tracing::warn!(
@@ -284,16 +305,24 @@ pub fn plan_for(
             pr.reserve += plan.vram.language_peak() * req.side_contexts.len() as u64;
             plan = plan_with_draft(checked, &info, &profile, pr.clone(), req.draft.as_ref())?;
         }
+        let forced = req.options.hybrid_experts.is_some() || req.options.dense_split.is_some();
+        let split_knob = req
+            .options
+            .split_tune
+            .then(|| SplitKnob::of(&plan, info.n_expert_used, forced))
+            .flatten();
         let replan = req
             .options
             .follows_card()
             .then(|| live::ReplanBasis::new(info, profile, pr, &plan));
-        (plan, overhead, replan)
+        (plan, overhead, replan, split_knob)
     } else {
         return Ok(None);
     };
     Ok(Some(Launch {
         budget: plan.vram.budget,
+        switch: PolicySwitch::new(&plan),
+        split_knob,
         plan,
         overhead,
         replan,

@@ -59,6 +59,14 @@ pub struct PipeshardOptions {
     /// may round differently.
     #[arg(long = "exact", env = "PIPESHARD_EXACT")]
     pub exact: bool,
+    /// Choose the decode split (hybrid experts, dense row split) at run
+    /// time: after load, time a few decode steps at the cost model's share
+    /// and its neighbours and keep the fastest; `false` keeps the cost
+    /// model's share. A share given with --hybrid-experts or --dense-split
+    /// is never changed.
+    #[arg(long = "split-tune", env = "PIPESHARD_SPLIT_TUNE", default_value_t = true,
+          action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub split_tune: bool,
 }
 
 impl Default for PipeshardOptions {
@@ -73,6 +81,7 @@ impl Default for PipeshardOptions {
             dense_split: None,
             vision_stream_slots: engine::VisionOptions::BUDGETED_STREAM_SLOTS,
             exact: false,
+            split_tune: true,
         }
     }
 }

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::plan::set_installed_plan;
-use crate::engine::{self, ContextParams, ContextRef};
+use crate::engine::{self, ContextRef};
 use crate::launch::live::{self, Follower, Hooks, ReplanBasis, Snapshot};
 use crate::plan::{Plan, PolicySwitch};
 
@@ -24,12 +24,11 @@ pub fn stats() -> Option<Snapshot> {
     follower().map(|f| f.stats())
 }
 
-/// Start following the card for `plan` (in force at `budget`), loaded
-/// with `cp`: its per-op callbacks switch with the plan. A follower of an
-/// earlier load (the server slept and reloads) is stopped first.
-pub fn start(basis: ReplanBasis, plan: &Plan, budget: u64, headroom: Option<u64>, cp: &mut ContextParams) {
-    let switch = PolicySwitch::new(plan);
-    switch.install(cp);
+/// Start following the card for `plan` (in force at `budget`), whose
+/// context's per-op callbacks ask `switch` (installed with the plan): they
+/// switch with the plan. A follower of an earlier load (the server slept
+/// and reloads) is stopped first.
+pub fn start(basis: ReplanBasis, plan: &Plan, budget: u64, headroom: Option<u64>, switch: Arc<PolicySwitch>) {
     let hooks = Hooks {
         wake: Box::new(engine::wake_server_loop),
         switched: Box::new(move |plan, budget| {

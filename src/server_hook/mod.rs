@@ -14,6 +14,7 @@ mod live;
 mod options;
 mod plan;
 mod report;
+mod tune;
 
 use std::path::PathBuf;
 
@@ -57,9 +58,12 @@ pub fn serve(program: &str, opts: ServerOptions, upstream: &[String]) -> Result<
         }));
         let hook_opts = opts.clone();
         engine::set_projector_hook(Box::new(move |path, p| plan::on_projector(&hook_opts, path, p)));
-        if opts.pipeshard.follows_card() {
-            engine::set_loop_hook(Box::new(live::on_loop));
-        }
+        // Between batches: the decode split tuned on the first steps
+        // served, and with `auto` the plan following the card.
+        engine::set_loop_hook(Box::new(|mut ctx| {
+            tune::on_loop(ctx.reborrow());
+            live::on_loop(ctx);
+        }));
         // pipeshard's field in /props and gauges in /metrics (with --metrics).
         // `auto` resolves when the model loads; the plan reports it then.
         let budget = match opts.pipeshard.budgets() {

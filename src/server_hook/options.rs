@@ -46,6 +46,7 @@ const OWN_FLAGS: &[&str] = &[
     "--stream-slots",
     "--hybrid-experts",
     "--dense-split",
+    "--split-tune",
     "--vision-stream-slots",
     "--draft-acceptance",
     "--backend-dir",
@@ -73,6 +74,10 @@ pub const HELP: &str = "\
 --dense-split SHARE          share (0-1) of each host feed-forward weight's rows the GPU
                              computes in decode, 0 off (default: the plan's)
                              (env: PIPESHARD_DENSE_SPLIT)
+--split-tune BOOL            choose the decode split (hybrid experts, row share) from the
+                             first decode steps served: the plan's share and its neighbours
+                             are timed and the fastest kept (default: true; a share given
+                             above is kept) (env: PIPESHARD_SPLIT_TUNE)
 --vision-stream-slots N      streaming slots of the vision encoder's weights, 0-8
                              (default: 4) (env: PIPESHARD_VISION_STREAM_SLOTS)
 --exact                      GPU math only (host weights streamed, never computed on the CPU):
@@ -172,6 +177,11 @@ mod tests {
         assert_eq!(own, strings(&["--vram-budget", "4GiB", "--exact"]));
         assert_eq!(up, strings(&["-c", "4096"]));
         assert!(ServerOptions::parse(&own).unwrap().pipeshard.exact);
+        // The decode split is tuned unless asked not to.
+        assert!(o.pipeshard.split_tune);
+        let (own, up) = split_args(&strings(&["--split-tune", "false", "-np", "4"]));
+        assert_eq!(up, strings(&["-np", "4"]));
+        assert!(!ServerOptions::parse(&own).unwrap().pipeshard.split_tune);
     }
 
     #[test]
@@ -180,6 +190,7 @@ mod tests {
         assert!(ServerOptions::parse(&strings(&["--vram-budget", "0"])).is_err());
         assert!(ServerOptions::parse(&strings(&["--stream-slots", "9"])).is_err());
         assert!(ServerOptions::parse(&strings(&["--draft-acceptance", "1.5"])).is_err());
+        assert!(ServerOptions::parse(&strings(&["--split-tune", "maybe"])).is_err());
         // A flag without its value is not silently dropped.
         let (own, _) = split_args(&strings(&["--vram-budget"]));
         assert!(ServerOptions::parse(&own).is_err());

@@ -118,11 +118,24 @@ fn plan_target(
     };
     let upstream_outputs = cp.n_outputs_max;
     launched.install(mp, cp).map_err(plan_err(&req.model))?;
+    // The decode split is timed on the first steps served, except where
+    // the plan follows the card: a re-plan sets its own share and slots.
+    super::tune::start(
+        launched.replan.is_none().then_some(&launched),
+        cp,
+        opts.pipeshard.plan.is_none().then_some(launched.budget),
+    );
     // --vram-budget auto: the plan follows the card while serving.
     if let Some(basis) = launched.replan.clone() {
         // One buffer per weight, so that each weight moved frees its memory.
         mp.movable_weights = true;
-        super::live::start(basis, &launched.plan, launched.budget, opts.pipeshard.vram_headroom, cp);
+        super::live::start(
+            basis,
+            &launched.plan,
+            launched.budget,
+            opts.pipeshard.vram_headroom,
+            launched.switch.clone(),
+        );
     }
     // Upstream sizes its outputs for what it samples (speculative checks);
     // never fewer than that.

@@ -1,0 +1,640 @@
+//! The decode split chosen at run time: the cost model's share of the
+//! CPU/GPU split (hybrid experts, patch 0006; dense row split, patch 0017)
+//! and its neighbours are timed over a few decode steps after load, and the
+//! fastest is kept.
+//!
+//! The best share depends on the host more than the cost model can know: it
+//! is set by how fast the CPU's part runs beside the link's copies, which
+//! varied by 1.07–1.6 times the profile's samples between H200 hosts (R2 at
+//! 4 GiB: share 4 fastest on one host, 57.7 tok/s against 52.8–54.8 for the
+//! model's 5; share 5 fastest on another, h200-session12/moe-decode2.md).
+//!
+//! [`ShareSearch`] is the choice alone, fed with measured step times (CPU
+//! tested); [`tune_split`] measures them on a loaded context.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use super::{Launch, LaunchError};
+use crate::engine::{Context, Token};
+use crate::plan::{Exec, Plan};
+
+/// The knob a plan's decode split turns.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SplitKnob {
+    /// Hybrid experts: how many of each token's routed experts the GPU
+    /// computes (1 to `n_expert_used - 1`).
+    Experts { start: u32, max: u32 },
+    /// Dense row split: the GPU's share of each host feed-forward weight's
+    /// rows, in steps of [`ROW_SHARE_STEP`] from the plan's.
+    Rows { start: f64 },
+}
+
+/// The step between two row shares tried.
+pub const ROW_SHARE_STEP: f64 = 0.05;
+
+/// One setting of a [`SplitKnob`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SplitSetting {
+    Experts(u32),
+    Rows(f64),
+}
+
+impl std::fmt::Display for SplitSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SplitSetting::Experts(k) => write!(f, "hybrid experts {k}"),
+            SplitSetting::Rows(s) => write!(f, "row split {:.0}% GPU", s * 100.0),
+        }
+    }
+}
+
+impl SplitKnob {
+    /// The knob `plan` can turn at run time, if any. A plan without a split,
+    /// an exact plan (GPU math only), or a share the user forced has none.
+    pub fn of(plan: &Plan, n_expert_used: u32, forced: bool) -> Option<SplitKnob> {
+        if forced || plan.exact {
+            return None;
+        }
+        let hybrid = plan
+            .tensors
+            .iter()
+            .any(|t| !t.resident && t.exec.iter().any(|&(_, e)| e == Exec::Hybrid));
+        if hybrid && plan.hybrid_gpu_experts > 0 && n_expert_used >= 3 {
+            return Some(SplitKnob::Experts {
+                start: plan.hybrid_gpu_experts.min(n_expert_used - 1),
+                max: n_expert_used - 1,
+            });
+        }
+        let split = plan.tensors.iter().any(|t| !t.resident && !t.gpu_share.is_empty());
+        (split && plan.row_split_share > 0.0).then_some(SplitKnob::Rows {
+            start: plan.row_split_share,
+        })
+    }
+
+    /// The setting `offset` steps from the plan's, if within the knob's
+    /// range: 1 to `max` experts, a row share of at least one step and at
+    /// most one step short of all rows.
+    pub fn setting(&self, offset: i32) -> Option<SplitSetting> {
+        match *self {
+            SplitKnob::Experts { start, max } => {
+                let k = start as i64 + offset as i64;
+                (1..=max as i64).contains(&k).then_some(SplitSetting::Experts(k as u32))
+            }
+            SplitKnob::Rows { start } => {
+                let s = start + offset as f64 * ROW_SHARE_STEP;
+                let (lo, hi) = (ROW_SHARE_STEP - 1e-9, 1.0 - ROW_SHARE_STEP + 1e-9);
+                (lo..=hi).contains(&s).then_some(SplitSetting::Rows(s))
+            }
+        }
+    }
+}
+
+/// `plan` with its decode split set to `setting`: the shares the callbacks
+/// answer, nothing else (the residency and memory stay the plan's).
+pub fn with_setting(plan: &Plan, setting: SplitSetting) -> Plan {
+    let mut p = plan.clone();
+    match setting {
+        SplitSetting::Experts(k) => p.hybrid_gpu_experts = k,
+        SplitSetting::Rows(share) => {
+            p.row_split_share = share;
+            for t in &mut p.tensors {
+                for (_, s) in &mut t.gpu_share {
+                    *s = share;
+                }
+            }
+        }
+    }
+    p
+}
+
+/// A hill climb over a knob's settings, from the cost model's: the
+/// setting at offset 0 first, then each neighbour of the fastest so far,
+/// until the fastest has both neighbours measured (or out of range) or
+/// `max_probes` settings are measured. Another setting replaces the cost
+/// model's only when it is faster by more than `margin` (a fraction), so
+/// that noise does not move the choice.
+#[derive(Debug, Clone)]
+pub struct ShareSearch {
+    knob: SplitKnob,
+    max_probes: usize,
+    margin: f64,
+    /// Seconds per decode step, by offset.
+    measured: BTreeMap<i32, f64>,
+}
+
+impl ShareSearch {
+    /// The search the launch runs: at most 5 settings, 2% margin.
+    pub fn new(knob: SplitKnob) -> ShareSearch {
+        ShareSearch::with_limits(knob, 5, 0.02)
+    }
+
+    pub fn with_limits(knob: SplitKnob, max_probes: usize, margin: f64) -> ShareSearch {
+        ShareSearch {
+            knob,
+            max_probes: max_probes.max(1),
+            margin: margin.max(0.0),
+            measured: BTreeMap::new(),
+        }
+    }
+
+    /// The offset to measure next, and its setting; None once the choice
+    /// is made.
+    pub fn next(&self) -> Option<(i32, SplitSetting)> {
+        if !self.measured.contains_key(&0) {
+            return self.knob.setting(0).map(|s| (0, s));
+        }
+        if self.measured.len() >= self.max_probes {
+            return None;
+        }
+        let best = self.best_offset();
+        [best - 1, best + 1]
+            .into_iter()
+            .filter(|o| !self.measured.contains_key(o))
+            .find_map(|o| self.knob.setting(o).map(|s| (o, s)))
+    }
+
+    /// Record the seconds per decode step measured at `offset`; a time that
+    /// is not a positive number counts as unusable (never the fastest).
+    pub fn record(&mut self, offset: i32, secs_per_step: f64) {
+        let t = if secs_per_step.is_finite() && secs_per_step > 0.0 {
+            secs_per_step
+        } else {
+            f64::INFINITY
+        };
+        self.measured.insert(offset, t);
+    }
+
+    /// The fastest offset measured, the cost model's (0) unless another is
+    /// faster by more than the margin.
+    pub fn best_offset(&self) -> i32 {
+        let Some(&start) = self.measured.get(&0) else {
+            return 0;
+        };
+        let (&o, &t) = self
+            .measured
+            .iter()
+            .min_by(|a, b| a.1.total_cmp(b.1).then(a.0.abs().cmp(&b.0.abs())))
+            .expect("offset 0 is measured");
+        if t < start * (1.0 - self.margin) {
+            o
+        } else {
+            0
+        }
+    }
+
+    /// The chosen setting.
+    pub fn best(&self) -> SplitSetting {
+        self.knob
+            .setting(self.best_offset())
+            .expect("a measured offset is within the knob's range")
+    }
+
+    /// Every setting measured, with its seconds per step, by offset.
+    pub fn measured(&self) -> Vec<(SplitSetting, f64)> {
+        self.measured
+            .iter()
+            .filter_map(|(&o, &t)| self.knob.setting(o).map(|s| (s, t)))
+            .collect()
+    }
+}
+
+/// What [`tune_split`] chose.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitTuning {
+    /// The cost model's setting.
+    pub planned: SplitSetting,
+    /// The setting kept.
+    pub chosen: SplitSetting,
+    /// Each setting measured and its median seconds per decode step.
+    pub measured: Vec<(SplitSetting, f64)>,
+    /// Seconds the whole search took.
+    pub elapsed_s: f64,
+}
+
+impl std::fmt::Display for SplitTuning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (the cost model's: {}; measured", self.chosen, self.planned)?;
+        for (i, (s, t)) in self.measured.iter().enumerate() {
+            let v = match s {
+                SplitSetting::Experts(k) => k.to_string(),
+                SplitSetting::Rows(r) => format!("{:.0}%", r * 100.0),
+            };
+            write!(f, "{} {v}: {:.2} ms", if i == 0 { "" } else { "," }, t * 1e3)?;
+        }
+        write!(f, " per step, in {:.2} s)", self.elapsed_s)
+    }
+}
+
+/// Decode steps run after a setting is put in force before timing: the
+/// first builds, splits and reserves the graph again, the next let the
+/// CUDA backend capture its graph again.
+const SETTLE_STEPS: usize = 3;
+/// Decode steps timed per setting (their median is its time).
+const TIMED_STEPS: usize = 8;
+
+/// Choose `launch`'s decode split on the loaded `ctx`: time decode steps of
+/// sequence 0 at position `depth` and after (the cells a step adds are
+/// removed before the next setting) for the settings [`ShareSearch`] asks
+/// for, through `launch`'s policy switch, and keep the fastest in force
+/// (its graphs are rebuilt at the next decode). Does nothing (None) for a
+/// plan with no knob ([`Launch::split_knob`]). `depth` cells of sequence 0
+/// must be in the cache already; they are kept, except those a short
+/// context needs for the steps.
+pub fn tune_split(launch: &mut Launch, ctx: &mut Context<'_>, depth: u32) -> Result<Option<SplitTuning>, LaunchError> {
+    let Some(knob) = launch.split_knob else {
+        return Ok(None);
+    };
+    // The steps must fit the context at the depth: a shallower one keeps
+    // the first cells.
+    let steps = (SETTLE_STEPS + TIMED_STEPS) as u32;
+    let depth = depth.min(ctx.n_ctx().saturating_sub(steps));
+    if depth == 0 {
+        tracing::info!(
+            "decode split: not tuned, the context ({} cells) is too short for {steps} decode steps",
+            ctx.n_ctx()
+        );
+        return Ok(None);
+    }
+    ctx.seq_rm(0, depth as i32, -1);
+    let started = Instant::now();
+    let planned = knob.setting(0).expect("offset 0 is the plan's setting");
+    let mut search = ShareSearch::new(knob);
+    let n_vocab = ctx.model().n_vocab().max(2) as u64;
+    let mut result = Ok(());
+    while let Some((offset, setting)) = search.next() {
+        launch.put_in_force(&with_setting(&launch.plan, setting), ctx);
+        match time_steps(ctx, depth, n_vocab) {
+            Ok(t) => {
+                tracing::debug!("decode split: {setting}: {:.2} ms per step", t * 1e3);
+                search.record(offset, t);
+            }
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    let chosen = search.best();
+    launch.plan = with_setting(&launch.plan, chosen);
+    launch.put_in_force(&launch.plan.clone(), ctx);
+    result?;
+    let tuning = SplitTuning {
+        planned,
+        chosen,
+        measured: search.measured(),
+        elapsed_s: started.elapsed().as_secs_f64(),
+    };
+    tracing::info!("decode split: {tuning}");
+    launch.split_knob = None;
+    Ok(Some(tuning))
+}
+
+/// Median seconds per decode step at `depth`, after the settling steps;
+/// the steps' cells are removed again.
+fn time_steps(ctx: &mut Context<'_>, depth: u32, n_vocab: u64) -> Result<f64, LaunchError> {
+    let mut times = Vec::with_capacity(TIMED_STEPS);
+    let mut tok: Token = 1;
+    for i in 0..SETTLE_STEPS + TIMED_STEPS {
+        let t = Instant::now();
+        ctx.decode_tokens(&[tok], depth as i32 + i as i32, true)?;
+        // Reading the output waits for the step; it is the next input, as
+        // in greedy decoding, so the routed experts vary as they do there.
+        tok = match ctx.sampled_token(-1) {
+            Some(t) => t,
+            None => argmax(ctx.logits(-1)?),
+        };
+        tok = (tok as u64 % n_vocab) as Token;
+        if i >= SETTLE_STEPS {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    ctx.seq_rm(0, depth as i32, -1);
+    Ok(median(&mut times))
+}
+
+fn argmax(logits: &[f32]) -> Token {
+    logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i as Token)
+}
+
+/// The median of `v` (the mean of the middle two for an even count).
+pub fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// What [`StepTuner::observe`] asks of the caller.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepAction {
+    /// Keep decoding.
+    Wait,
+    /// Put this setting in force (and rebuild the graphs).
+    Apply(SplitSetting),
+    /// The choice is made: put this setting in force; the tuner is done.
+    Done(SplitTuning),
+}
+
+/// The same choice as [`tune_split`] made from the steps a server decodes
+/// anyway: between two batches the caller passes the time and each
+/// sequence's last position; an interval in which exactly one sequence
+/// grew by one cell was one decode step of one token. The first
+/// [`SETTLE_STEPS`] steps after each setting are left out, the next
+/// [`TIMED_STEPS`] are its time (median). Prompts, several sequences
+/// decoding together, and idle time are not counted.
+#[derive(Debug, Clone)]
+pub struct StepTuner {
+    search: ShareSearch,
+    current: i32,
+    settle_left: usize,
+    samples: Vec<f64>,
+    last: Option<(f64, Vec<i32>)>,
+    started: Option<f64>,
+}
+
+impl StepTuner {
+    /// A tuner for `knob`, whose setting at offset 0 (the plan's) is in force.
+    pub fn new(knob: SplitKnob) -> StepTuner {
+        StepTuner {
+            search: ShareSearch::new(knob),
+            current: 0,
+            settle_left: SETTLE_STEPS,
+            samples: Vec::with_capacity(TIMED_STEPS),
+            last: None,
+            started: None,
+        }
+    }
+
+    /// Between two batches at `now_s` seconds (any fixed origin), with
+    /// `positions[s]` the last position of sequence `s` (-1: empty).
+    pub fn observe(&mut self, now_s: f64, positions: &[i32]) -> StepAction {
+        let one_step = self.last.as_ref().is_some_and(|(_, prev)| {
+            prev.len() == positions.len()
+                && positions.iter().zip(prev).filter(|(p, q)| p != q).count() == 1
+                && positions.iter().zip(prev).any(|(p, q)| *p == *q + 1 && *q >= 0)
+        });
+        if one_step {
+            let (t0, _) = self.last.as_ref().expect("one_step needs a previous observation");
+            self.started.get_or_insert(*t0);
+            if self.settle_left > 0 {
+                self.settle_left -= 1;
+            } else {
+                self.samples.push(now_s - t0);
+            }
+        }
+        self.last = Some((now_s, positions.to_vec()));
+        if self.samples.len() < TIMED_STEPS {
+            return StepAction::Wait;
+        }
+        self.search.record(self.current, median(&mut self.samples));
+        self.samples.clear();
+        self.settle_left = SETTLE_STEPS;
+        match self.search.next() {
+            Some((offset, setting)) => {
+                self.current = offset;
+                StepAction::Apply(setting)
+            }
+            None => StepAction::Done(SplitTuning {
+                planned: self.search.knob.setting(0).expect("offset 0 is the plan's setting"),
+                chosen: self.search.best(),
+                measured: self.search.measured(),
+                elapsed_s: now_s - self.started.unwrap_or(now_s),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feed `search` the step times `ms(setting)` until it chooses; the
+    /// settings in the order measured.
+    fn run(search: &mut ShareSearch, ms: impl Fn(SplitSetting) -> f64) -> Vec<SplitSetting> {
+        let mut order = Vec::new();
+        while let Some((o, s)) = search.next() {
+            order.push(s);
+            search.record(o, ms(s) / 1e3);
+            assert!(order.len() <= 20, "the search does not end");
+        }
+        order
+    }
+
+    fn experts(table: &[(u32, f64)]) -> impl Fn(SplitSetting) -> f64 + '_ {
+        move |s| match s {
+            SplitSetting::Experts(k) => table.iter().find(|(n, _)| *n == k).map_or(1e9, |x| x.1),
+            SplitSetting::Rows(_) => unreachable!(),
+        }
+    }
+
+    const R2: SplitKnob = SplitKnob::Experts { start: 5, max: 7 };
+
+    #[test]
+    fn each_host_gets_its_fastest_share() {
+        // Host times per step (ms) as session 12 measured them: share 4
+        // fastest on call 1's host, 5 on call 2's.
+        let host1 = [(3, 19.5), (4, 16.5), (5, 18.1), (6, 20.9), (7, 23.2)];
+        let mut s = ShareSearch::new(R2);
+        let order = run(&mut s, experts(&host1));
+        // 4 beats 5, so the climb goes on below 4, not above 5.
+        assert_eq!(order, [5, 4, 3].map(SplitSetting::Experts));
+        assert_eq!(s.best(), SplitSetting::Experts(4));
+
+        let host2 = [(3, 23.4), (4, 22.4), (5, 19.6), (6, 21.0), (7, 23.3)];
+        let mut s = ShareSearch::new(R2);
+        let order = run(&mut s, experts(&host2));
+        assert_eq!(order, [5, 4, 6].map(SplitSetting::Experts));
+        assert_eq!(s.best(), SplitSetting::Experts(5));
+        assert_eq!(s.measured().len(), 3);
+    }
+
+    #[test]
+    fn noise_within_the_margin_keeps_the_cost_models_share() {
+        let flat = [(4, 17.9), (5, 18.0), (6, 17.8)];
+        let mut s = ShareSearch::new(R2);
+        run(&mut s, experts(&flat));
+        assert_eq!(s.best(), SplitSetting::Experts(5));
+        // 3% faster is a real difference.
+        let better = [(4, 17.4), (5, 18.0), (6, 18.5), (3, 19.0)];
+        let mut s = ShareSearch::new(R2);
+        run(&mut s, experts(&better));
+        assert_eq!(s.best(), SplitSetting::Experts(4));
+    }
+
+    #[test]
+    fn the_climb_follows_a_slope_within_its_probes_and_range() {
+        // Faster with every expert fewer on the GPU: it walks down to the
+        // range's end, 1 expert, not 0.
+        let slope = [
+            (1, 15.0),
+            (2, 16.0),
+            (3, 17.0),
+            (4, 18.0),
+            (5, 19.0),
+            (6, 20.0),
+            (7, 21.0),
+        ];
+        let mut s = ShareSearch::new(R2);
+        let order = run(&mut s, experts(&slope));
+        assert_eq!(order, [5, 4, 3, 2, 1].map(SplitSetting::Experts));
+        assert_eq!(s.best(), SplitSetting::Experts(1));
+        // At most `max_probes` settings.
+        let mut s = ShareSearch::with_limits(R2, 3, 0.02);
+        let order = run(&mut s, experts(&slope));
+        assert_eq!(order, [5, 4, 3].map(SplitSetting::Experts));
+        assert_eq!(s.best(), SplitSetting::Experts(3));
+        // At the top of the range there is one neighbour.
+        let top = SplitKnob::Experts { start: 7, max: 7 };
+        let mut s = ShareSearch::new(top);
+        let order = run(&mut s, experts(&slope));
+        assert_eq!(order[..2], [SplitSetting::Experts(7), SplitSetting::Experts(6)]);
+    }
+
+    #[test]
+    fn a_failed_measurement_is_never_chosen() {
+        let mut s = ShareSearch::new(R2);
+        s.record(0, 0.018);
+        s.record(-1, f64::NAN);
+        s.record(1, 0.0);
+        assert_eq!(s.best(), SplitSetting::Experts(5));
+        assert!(s.measured().iter().any(|(_, t)| t.is_infinite()));
+    }
+
+    #[test]
+    fn row_shares_step_from_the_models_within_the_rows() {
+        let k = SplitKnob::Rows { start: 0.78 };
+        let s = |o| match k.setting(o) {
+            Some(SplitSetting::Rows(f)) => Some((f * 100.0).round() as i64),
+            _ => None,
+        };
+        assert_eq!((s(-1), s(0), s(1), s(3)), (Some(73), Some(78), Some(83), Some(93)));
+        assert_eq!(s(4), None, "98% leaves the CPU less than a step");
+        assert_eq!(s(-15), None);
+        // R1's hosts (h200-session9/rowsplit.md): 70% fastest against the
+        // model's 75-78%.
+        let ms = |x: SplitSetting| match x {
+            SplitSetting::Rows(f) => 46.0 + 400.0 * (f - 0.70) * (f - 0.70),
+            _ => unreachable!(),
+        };
+        let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.78 });
+        run(&mut search, ms);
+        match search.best() {
+            SplitSetting::Rows(f) => assert!((f - 0.68).abs() < 1e-9, "{f}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&mut []).is_nan());
+    }
+
+    /// A server's loop: `steps` decode steps of sequence `seq` of `n_seq`,
+    /// each taking `ms(setting in force)`, between callbacks.
+    struct Loop {
+        t: f64,
+        pos: Vec<i32>,
+        applied: Vec<SplitSetting>,
+        in_force: SplitSetting,
+    }
+
+    impl Loop {
+        fn new(n_seq: usize) -> Loop {
+            Loop {
+                t: 0.0,
+                pos: vec![-1; n_seq],
+                applied: Vec::new(),
+                in_force: SplitSetting::Experts(5),
+            }
+        }
+
+        /// One batch: `grow[s]` cells added to each sequence, taking `secs`.
+        fn batch(&mut self, tuner: &mut StepTuner, grow: &[i32], secs: f64) -> Option<SplitTuning> {
+            self.t += secs;
+            for (p, g) in self.pos.iter_mut().zip(grow) {
+                *p += g;
+            }
+            match tuner.observe(self.t, &self.pos) {
+                StepAction::Wait => None,
+                StepAction::Apply(s) => {
+                    self.applied.push(s);
+                    self.in_force = s;
+                    None
+                }
+                StepAction::Done(t) => {
+                    self.in_force = t.chosen;
+                    Some(t)
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_server_tunes_on_the_single_token_steps_it_decodes() {
+        let host1 = [(3, 19.5), (4, 16.5), (5, 18.1), (6, 20.9), (7, 23.2)];
+        let ms = experts(&host1);
+        let mut tuner = StepTuner::new(R2);
+        let mut l = Loop::new(2);
+        // The first callback, before anything.
+        assert!(l.batch(&mut tuner, &[0, 0], 0.0).is_none());
+        let mut done = None;
+        for i in 0..400 {
+            let step = ms(l.in_force) / 1e3;
+            done = match i % 40 {
+                // A prompt of sequence 1 (many cells), slower: not a step.
+                0 => l.batch(&mut tuner, &[0, 4097], 0.4),
+                // Both sequences decoding together: not a single step.
+                1..=3 => l.batch(&mut tuner, &[1, 1], 3.0 * step),
+                // Idle between requests: nothing grew.
+                4 => l.batch(&mut tuner, &[0, 0], 1.5),
+                _ => l.batch(&mut tuner, &[1, 0], step),
+            };
+            if done.is_some() {
+                break;
+            }
+        }
+        let t = done.expect("the tuner chooses within 400 batches");
+        assert_eq!(
+            (t.planned, t.chosen),
+            (SplitSetting::Experts(5), SplitSetting::Experts(4))
+        );
+        assert_eq!(l.applied, [4, 3].map(SplitSetting::Experts));
+        // The times recorded are the single steps', not the others'.
+        for (s, secs) in &t.measured {
+            assert!((secs * 1e3 - ms(*s)).abs() < 1e-9, "{s}: {secs}");
+        }
+    }
+
+    #[test]
+    fn steps_right_after_a_change_are_not_timed() {
+        let mut tuner = StepTuner::new(R2);
+        let mut l = Loop::new(1);
+        l.batch(&mut tuner, &[10], 0.3);
+        // Settling steps are slow (graph rebuilt), the timed ones fast.
+        for _ in 0..SETTLE_STEPS {
+            assert!(l.batch(&mut tuner, &[1], 1.0).is_none());
+        }
+        for _ in 0..TIMED_STEPS - 1 {
+            assert!(l.batch(&mut tuner, &[1], 0.018).is_none());
+        }
+        assert!(l.applied.is_empty());
+        l.batch(&mut tuner, &[1], 0.018);
+        assert_eq!(l.applied, [SplitSetting::Experts(4)]);
+        let first = tuner.search.measured();
+        assert_eq!(first.len(), 1);
+        assert!((first[0].1 - 0.018).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,89 @@
+//! The decode split chosen while serving: the server's own decode steps are
+//! timed between batches (the loop hook, patch 0024) at the cost model's
+//! share and its neighbours, and the fastest is kept
+//! ([`crate::launch::tune::StepTuner`]); `run` and `bench` time their own
+//! steps after load ([`crate::launch::tune_split`]).
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::plan::set_installed_plan;
+use crate::engine::{ContextParams, ContextRef};
+use crate::launch::tune::{with_setting, StepAction, StepTuner};
+use crate::launch::Launch;
+use crate::plan::{Plan, PolicySwitch};
+
+struct ServerTuner {
+    tuner: StepTuner,
+    plan: Plan,
+    switch: Arc<PolicySwitch>,
+    /// The context's streaming slots and routed threshold, set again to
+    /// rebuild its graphs.
+    stream: (u32, u32),
+    budget: Option<u64>,
+    origin: Instant,
+}
+
+static TUNER: Mutex<Option<ServerTuner>> = Mutex::new(None);
+
+/// Tune `launch`'s decode split while serving, if it has one to tune; `cp`
+/// is the context's installed parameters, `budget` the one the installed
+/// plan reports. Replaces the tuner of an earlier load (None: no tuner).
+pub fn start(launch: Option<&Launch>, cp: &ContextParams, budget: Option<u64>) {
+    let tuner = launch
+        .and_then(|l| l.split_knob.map(|knob| (l, knob)))
+        .map(|(launch, knob)| ServerTuner {
+            tuner: StepTuner::new(knob),
+            plan: launch.plan.clone(),
+            switch: launch.switch.clone(),
+            stream: (cp.stream_slots, cp.stream_routed_max),
+            budget,
+            origin: Instant::now(),
+        });
+    if let Some(t) = &tuner {
+        tracing::info!(
+            "decode split: {} planned; the first decode steps served time it and its neighbours",
+            with_setting_label(&t.plan)
+        );
+    }
+    if let Ok(mut g) = TUNER.lock() {
+        *g = tuner;
+    }
+}
+
+fn with_setting_label(plan: &Plan) -> String {
+    if plan.hybrid_gpu_experts > 0 {
+        format!("hybrid experts {}", plan.hybrid_gpu_experts)
+    } else {
+        format!("row split {:.0}% GPU", plan.row_split_share * 100.0)
+    }
+}
+
+/// The server loop's hook, between two batches.
+pub fn on_loop(mut ctx: ContextRef<'_>) {
+    let Ok(mut g) = TUNER.lock() else {
+        return;
+    };
+    let Some(t) = g.as_mut() else {
+        return;
+    };
+    let positions: Vec<i32> = (0..ctx.n_seq_max() as i32).map(|s| ctx.seq_pos_max(s)).collect();
+    let now = t.origin.elapsed().as_secs_f64();
+    match t.tuner.observe(now, &positions) {
+        StepAction::Wait => {}
+        StepAction::Apply(setting) => {
+            t.switch.switch(&with_setting(&t.plan, setting));
+            ctx.set_stream_slots(t.stream.0, t.stream.1);
+        }
+        StepAction::Done(tuning) => {
+            let plan = with_setting(&t.plan, tuning.chosen);
+            t.switch.switch(&plan);
+            ctx.set_stream_slots(t.stream.0, t.stream.1);
+            if let Some(b) = t.budget {
+                set_installed_plan(&plan, b);
+            }
+            tracing::info!("decode split: {tuning}");
+            *g = None;
+        }
+    }
+}
