@@ -2648,4 +2648,103 @@ s13tune_h100() {
     echo "done at ${SECONDS} s"; st_tar
 }
 
+# Session 13 (lead): the merged build (patches 0031 and 0032, the decode split
+# tuned at run time) in one call, after zunstash (carry .stash), carrying dist/
+# and .whl/lead12/upbench.tar.xz (upstream's pristine llama-bench, as in
+# s12lead). Issue 16: upstream's full-GPU pp4096 before and after pipeshard's
+# rows for R1 (2 GiB) and R2 (4 GiB), in budget (--tg) and with a budget larger
+# than the model. Issue 14: R2 through the server at 4 GiB, four clients (four
+# rounds, the first as the prompts arrive), four clients without the prefetch
+# of patch 0031 (what a model with less stable routing keeps), one client (three
+# rounds: the server tunes the split on the first) with and without the
+# run-time split, and upstream's --cpu-moe -ngl 99 with four clients.
+s13final() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    ZUPSTREAM=0 zprep > /dev/null
+    local m budget sb=scripts/device/server-bench.sh
+    for m in r1 r2; do
+        budget=2GiB; [[ $m == r2 ]] && budget=4GiB
+        s12lead_up "l-up-$m" $m
+        parity_ps "l-$m-budget" $m $budget pipeshard --tg
+        parity_ps "l-$m-big" $m 64GiB pipeshard
+        s12lead_up "l-up2-$m" $m
+        echo "$m done at ${SECONDS} s"
+    done
+    export SMI=0
+    ROUNDS=4 bash $sb r2_4 l-r2-4 --vram-budget 4GiB || true
+    GGML_SCHED_EXPERT_PREFETCH=0 ROUNDS=3 bash $sb r2_4 l-r2-4-nopf --vram-budget 4GiB || true
+    ROUNDS=3 bash $sb r2_1 l-r2-1 --vram-budget 4GiB || true
+    PIPESHARD_SPLIT_TUNE=0 ROUNDS=3 bash $sb r2_1 l-r2-1-notune --vram-budget 4GiB || true
+    ROUNDS=1 bash $sb r2_4 l-r2-4-up-cpumoe --cpu-moe -ngl 99 || true
+    echo "done at ${SECONDS} s"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RES/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)" >> "$RES/machine.txt"
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+
+# s13diag (after zunstash; dist/ and .whl/lead13 carried): s13final's four
+# clients gave 45 tok/s on the merged build against the branches' 95-102.
+# The same four clients with each branch's own pipeshard-server (main's
+# libraries beside them) find the branch whose merge slows them.
+s13diag() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep > /dev/null
+    export SMI=0
+    local v sb=scripts/device/server-bench.sh
+    for v in c13 r2p st; do
+        mkdir -p dist/$v && ln -sfn ../lib dist/$v/lib && cp .whl/lead13/$v/pipeshard-server dist/$v/
+        PIPESHARD_SERVER=dist/$v/pipeshard-server ROUNDS=2 bash $sb r2_4 g-r2-4-$v --vram-budget 4GiB || true
+    done
+    ROUNDS=2 bash $sb r2_4 g-r2-4-main --vram-budget 4GiB || true
+    echo "done at ${SECONDS} s"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RES/machine.txt"
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+
+# s13check (after zunstash; dist/ and .whl/lead12/upbench.tar.xz carried):
+# s13diag found r2-prefill's residency order (resident weights of equal value
+# spread over the layers) behind the four clients' 45 tok/s; the merged build
+# without it: upstream's full-GPU pp4096 before and after pipeshard's rows for
+# R1 (2 GiB) and R2 (4 GiB), then R2 through the server, four clients and one.
+s13check() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    ZUPSTREAM=0 zprep > /dev/null
+    local m budget sb=scripts/device/server-bench.sh
+    for m in r1 r2; do
+        budget=2GiB; [[ $m == r2 ]] && budget=4GiB
+        s12lead_up "k-up-$m" $m
+        parity_ps "k-$m-budget" $m $budget pipeshard --tg
+        s12lead_up "k-up2-$m" $m
+        echo "$m done at ${SECONDS} s"
+    done
+    export SMI=0
+    ROUNDS=4 bash $sb r2_4 k-r2-4 --vram-budget 4GiB || true
+    ROUNDS=3 bash $sb r2_1 k-r2-1 --vram-budget 4GiB || true
+    echo "done at ${SECONDS} s"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RES/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)" >> "$RES/machine.txt"
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+
+# s13last (after zunstash; dist/ carried, the build of s13check): issue 14's
+# rows in one call: R2 through the server at 4 GiB with four clients (four
+# rounds), the same without patch 0031's prefetch (the second copy stream
+# only: what a model with less stable routing keeps), and upstream's
+# --cpu-moe -ngl 99 with four clients.
+s13last() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep > /dev/null
+    export SMI=0
+    local sb=scripts/device/server-bench.sh
+    ROUNDS=4 bash $sb r2_4 z-r2-4 --vram-budget 4GiB || true
+    GGML_SCHED_EXPERT_PREFETCH=0 ROUNDS=3 bash $sb r2_4 z-r2-4-nopf --vram-budget 4GiB || true
+    ROUNDS=2 bash $sb r2_4 z-r2-4-up-cpumoe --cpu-moe -ngl 99 || true
+    echo "done at ${SECONDS} s"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RES/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)" >> "$RES/machine.txt"
+    tar czf "$OUT/results.tgz" -C "$W" results
+}
+
 "$@"

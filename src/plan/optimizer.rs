@@ -55,39 +55,6 @@ fn cost_model<'a>(model: &'a ModelInfo, profile: &'a MachineProfile, req: &PlanR
     cm
 }
 
-/// For each of `n_layer` layers, its place in an order that spreads any
-/// prefix of it over the layers: the middle layer first, then the quarters,
-/// the eighths and so on (the base-2 van der Corput sequence), layer 0
-/// last. Weights of equal value become resident in this order, so that a
-/// prompt streams from its first layer on and its resident layers lie
-/// between streamed ones. On the H200, R2's prompt at 4 GiB had the
-/// experts of layers 0, 1 and 10 resident (the order of their names): the
-/// link, which carries a streamed layer in a little more time than the GPU
-/// computes it, waited 15 ms for the first streamed layer and then set the
-/// pace of every layer after it (h200-session13/r2-prefill.md).
-pub fn spread_ranks(n_layer: u32) -> Vec<usize> {
-    let n = n_layer as usize;
-    let mut rank = vec![usize::MAX; n];
-    let bits = (usize::BITS - n.max(1).leading_zeros()) + 1;
-    let mut next = 0;
-    for i in 1..(1usize << bits) {
-        // i's bits reversed: the fraction i / 2^bits in van der Corput order
-        let f = (i.reverse_bits() >> (usize::BITS - bits)) as f64 / (1usize << bits) as f64;
-        let l = (f * n as f64) as usize;
-        if l > 0 && l < n && rank[l] == usize::MAX {
-            rank[l] = next;
-            next += 1;
-        }
-    }
-    for r in rank.iter_mut() {
-        if *r == usize::MAX {
-            *r = next;
-            next += 1;
-        }
-    }
-    rank
-}
-
 /// Seconds of `req`'s workload each placeable weight saves per VRAM byte
 /// when resident, at `plan`'s ubatch and KV layers: the order in which the
 /// optimizer fills VRAM, by weight name.
@@ -180,24 +147,14 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             let ev = Evaluator::new(model, &cm, req.workload, u, kv_layers);
             let sizes: Vec<u64> = ev.tensors.iter().map(|&i| model.tensors[i].cuda_alloc_size()).collect();
             let mut order: Vec<usize> = (0..ev.tensors.len()).filter(|&k| ev.saving(k) > 0.0).collect();
-            let spread = spread_ranks(model.n_layer);
-            let rank = |k: usize| {
-                model.tensors[ev.tensors[k]]
-                    .layer
-                    .and_then(|l| spread.get(l as usize).copied())
-                    .unwrap_or(usize::MAX)
-            };
             order.sort_by(|&a, &b| {
                 let ra = ev.saving(a) / sizes[a].max(1) as f64;
                 let rb = ev.saving(b) / sizes[b].max(1) as f64;
-                rb.partial_cmp(&ra)
-                    .unwrap_or(std::cmp::Ordering::Equal)
-                    .then_with(|| rank(a).cmp(&rank(b)))
-                    .then_with(|| {
-                        model.tensors[ev.tensors[a]]
-                            .name
-                            .cmp(&model.tensors[ev.tensors[b]].name)
-                    })
+                rb.partial_cmp(&ra).unwrap_or(std::cmp::Ordering::Equal).then_with(|| {
+                    model.tensors[ev.tensors[a]]
+                        .name
+                        .cmp(&model.tensors[ev.tensors[b]].name)
+                })
             });
             // Every prefix of the order is a candidate. The slots shrink as
             // the largest streamed weights become resident, so a prefix may
@@ -351,33 +308,4 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
         budget: req.budget,
         minimum,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::spread_ranks;
-
-    #[test]
-    fn spread_ranks_order_every_layer_once_middle_first_layer_zero_last() {
-        for n in [1u32, 2, 3, 32, 48, 80] {
-            let rank = spread_ranks(n);
-            let mut by_rank: Vec<usize> = (0..n as usize).collect();
-            by_rank.sort_by_key(|&l| rank[l]);
-            let mut seen = rank.clone();
-            seen.sort_unstable();
-            assert_eq!(seen, (0..n as usize).collect::<Vec<_>>(), "n = {n}: every rank once");
-            assert_eq!(*by_rank.last().unwrap(), 0, "n = {n}: layer 0 last");
-            if n >= 4 {
-                assert_eq!(by_rank[0], n as usize / 2, "n = {n}: the middle first");
-            }
-        }
-        let rank = spread_ranks(48);
-        let mut by_rank: Vec<usize> = (0..48).collect();
-        by_rank.sort_by_key(|&l| rank[l]);
-        assert_eq!(&by_rank[..3], &[24, 12, 36]);
-        // Any prefix is spread: the first 8 layers chosen are at least 3 apart.
-        let mut first: Vec<usize> = by_rank[..8].to_vec();
-        first.sort_unstable();
-        assert_eq!(first, [3, 6, 12, 18, 24, 30, 36, 42]);
-    }
 }
