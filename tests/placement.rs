@@ -31,6 +31,16 @@ fn load_placed(path: &std::path::Path, placement: TensorPlacement) -> Model {
     .unwrap()
 }
 
+/// The default model with every weight in plain CPU buffers, where patch
+/// 0017 can split it: a repacked weight (CPU_REPACK) is never split.
+fn load_on_plain_cpu_buffers() -> Model {
+    pipeshard::engine::init(None).unwrap();
+    let path = common::default_model_path();
+    let cpu = buffer_types().into_iter().find(|b| b.name() == "CPU").unwrap();
+    let placement: TensorPlacement = Arc::new(move |_: &str| Some(cpu));
+    load_placed(&path, placement)
+}
+
 #[test]
 fn tensor_callback_is_asked_for_every_weight() {
     pipeshard::engine::init(None).unwrap();
@@ -289,12 +299,7 @@ fn row_split_on_the_cpu_computes_the_same_rows() {
     // (the first backend is the CPU itself). Each output row is the same dot
     // product as in the whole op, so the logits are bit for bit those of the
     // plain context, in the prompt's ubatch and in decode alike.
-    pipeshard::engine::init(None).unwrap();
-    let path = common::default_model_path();
-    // Plain CPU buffers: a repacked weight (CPU_REPACK) is never split.
-    let cpu = buffer_types().into_iter().find(|b| b.name() == "CPU").unwrap();
-    let placement: TensorPlacement = Arc::new(move |_: &str| Some(cpu));
-    let model = load_placed(&path, placement);
+    let model = load_on_plain_cpu_buffers();
     let params = common::small_context_params();
     let prompt = model.tokenize(&"the quick brown fox ".repeat(8), true, false).unwrap();
     let req = GenerateRequest::new(prompt.clone(), 12, SamplingParams::greedy());
@@ -355,11 +360,7 @@ fn rebuilt_graphs_ask_the_split_policy_again() {
     // decoding the same tokens (both parts run on the CPU here: the same
     // rows, bit for bit).
     use std::sync::atomic::{AtomicU64, Ordering};
-    pipeshard::engine::init(None).unwrap();
-    let path = common::default_model_path();
-    let cpu = buffer_types().into_iter().find(|b| b.name() == "CPU").unwrap();
-    let placement: TensorPlacement = Arc::new(move |_: &str| Some(cpu));
-    let model = load_placed(&path, placement);
+    let model = load_on_plain_cpu_buffers();
     let params = common::small_context_params();
     let prompt = model.tokenize(&"the quick brown fox ".repeat(8), true, false).unwrap();
 

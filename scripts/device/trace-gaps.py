@@ -9,36 +9,15 @@ kernels around it, and the bytes and link time of the big host-to-device
 copies (weights streamed through slots) on every stream.
 """
 import collections
-import lzma
 import sys
 
-
-def load(path):
-    opener = lzma.open if path.endswith(".xz") else open
-    kernels, copies = [], []
-    with opener(path, "rt") as f:
-        for line in f:
-            p = line.rstrip("\n").split(",", 4)
-            if p[0] == "K":
-                kernels.append((int(p[1]), int(p[2]), int(p[3]), p[4]))
-            elif p[0] == "M":
-                q = line.split(",")
-                copies.append((int(q[1]), int(q[2]), int(q[3]), int(q[4]), int(q[5])))
-    return sorted(kernels), sorted(copies)
-
-
-def kind(name):
-    for key in ("mul_mat_q", "mmq", "flash_attn", "rms_norm", "rope", "get_rows", "quantize", "mul_mat_vec",
-                "argmax", "set_rows", "unary", "add", "concat"):
-        if key in name:
-            return key
-    return name[:24]
+from cupti_records import kind, load
 
 
 def main():
     path = sys.argv[1]
     min_ns = float(sys.argv[2] if len(sys.argv) > 2 else 1) * 1e6
-    kernels, copies = load(path)
+    kernels, copies, _ = load(path)
     stream = collections.Counter(k[2] for k in kernels).most_common(1)[0][0]
     ck = [k for k in kernels if k[2] == stream]
     t0 = ck[0][0]

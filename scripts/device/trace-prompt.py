@@ -20,33 +20,10 @@ For each prompt it prints:
     end and the compute wait before it is used, relative to the prompt.
 """
 import collections
-import lzma
 import os
 import sys
 
-
-def load(path):
-    opener = lzma.open if path.endswith(".xz") else open
-    kernels, copies, api = [], [], []
-    with opener(path, "rt") as f:
-        for line in f:
-            p = line.rstrip("\n").split(",", 4)
-            if p[0] == "K":
-                kernels.append((int(p[1]), int(p[2]), int(p[3]), p[4]))
-            elif p[0] == "M":
-                q = line.split(",")
-                copies.append((int(q[1]), int(q[2]), int(q[3]), int(q[4]), int(q[5])))
-            elif p[0] == "A":
-                api.append((int(p[1]), int(p[2]), int(p[3]), p[4]))
-    return sorted(kernels), sorted(copies), sorted(api)
-
-
-def kind(name):
-    for key in ("mul_mat_q", "mmq", "flash_attn", "rms_norm", "rope", "get_rows", "quantize", "mul_mat_vec",
-                "argmax", "set_rows", "unary", "add", "concat", "topk", "argsort", "soft_max", "cpy", "scale"):
-        if key in name:
-            return key
-    return name[:24]
+from cupti_records import kind, load
 
 
 def ms(ns):
