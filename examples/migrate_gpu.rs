@@ -15,7 +15,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
-use pipeshard::bench::lossless::argmax;
+use pipeshard::engine::argmax;
 use pipeshard::engine::{
     self, migrate_weights, Context, ContextParams, ModelParams, Offload, OffloadPolicy, Residence, Token, WeightMove,
 };

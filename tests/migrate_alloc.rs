@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use common::{cpu_buffer_type, greedy, load_on_plain_cpu};
-use pipeshard::bench::lossless::argmax;
+use pipeshard::engine::argmax;
 use pipeshard::engine::{migrate_weights_to, move_weights, BufferType, Context, ContextParams, EngineError};
 
 /// The address-space cap is the whole process's: one test at a time.

@@ -176,15 +176,6 @@ fn upstream_params(policy: Policy, info: &ModelInfo, n: u32, repack: bool) -> Mo
     mp
 }
 
-/// The greedy token of the last decode's last output: backend sampling's
-/// where the context has it, else the host's argmax of the logits.
-fn greedy_token(ctx: &mut Context<'_>) -> Result<Token, BenchError> {
-    match ctx.sampled_token(-1) {
-        Some(t) => Ok(t),
-        None => Ok(lossless::argmax(ctx.logits(-1)?)),
-    }
-}
-
 /// Run one policy at one budget.
 pub fn run_policy(
     path: &Path,
@@ -362,7 +353,7 @@ pub fn run_policy(
     // Reading the token waits for the warm-up's last decode, as
     // llama-bench's warm-up synchronises, so none of it runs into the first
     // timed prompt.
-    greedy_token(&mut ctx)?;
+    ctx.greedy_token(-1)?;
     // pipeshard's decode split: the cost model's share or a neighbour,
     // whichever decodes fastest here, at the prompt's depth.
     let mut setting = setting;
@@ -390,7 +381,7 @@ pub fn run_policy(
         ctx.reset_perf();
         let t0 = Instant::now();
         ctx.decode_tokens(&prompt, 0, true)?;
-        let mut tok = greedy_token(&mut ctx)?;
+        let mut tok = ctx.greedy_token(-1)?;
         let ttft = t0.elapsed().as_secs_f64();
         let prompt_perf = ctx.perf();
         ctx.reset_perf();
@@ -403,7 +394,7 @@ pub fn run_policy(
         let mut first_steps = [0.0f64; 2];
         for i in 0..cfg.gen_tokens {
             ctx.decode_tokens(&[tok], (cfg.prompt_tokens + i) as i32, true)?;
-            tok = greedy_token(&mut ctx)?;
+            tok = ctx.greedy_token(-1)?;
             if let Some(t) = first_steps.get_mut(i as usize) {
                 *t = t1.elapsed().as_secs_f64();
             }
@@ -441,7 +432,7 @@ pub fn run_policy(
         // first token is the prompt's greedy one, as in the repetitions above.
         ctx.clear();
         ctx.decode_tokens(&prompt, 0, true)?;
-        let first = greedy_token(&mut ctx)?;
+        let first = ctx.greedy_token(-1)?;
         for sample in samples.iter_mut() {
             if !ctx.seq_rm(0, cfg.prompt_tokens as i32, -1) {
                 return Err(
@@ -452,7 +443,7 @@ pub fn run_policy(
             let t = Instant::now();
             for i in 0..cfg.gen_tokens {
                 ctx.decode_tokens(&[tok], (cfg.prompt_tokens + i) as i32, true)?;
-                tok = greedy_token(&mut ctx)?;
+                tok = ctx.greedy_token(-1)?;
             }
             let tg = cfg.gen_tokens as f64 / t.elapsed().as_secs_f64();
             tracing::info!(

@@ -10,7 +10,7 @@ use super::model::{Model, Token};
 use super::placement::{
     moe_split_trampoline, offload_trampoline, row_split_trampoline, MoeSplitPolicy, OffloadPolicy, RowSplitPolicy,
 };
-use super::sampler::{Sampler, SamplingParams};
+use super::sampler::{argmax, Sampler, SamplingParams};
 
 /// Whether to use flash attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -412,6 +412,17 @@ impl<'m> Context<'m> {
                 return Err(EngineError::InvalidArgument(format!("no logits for output {i}")));
             }
             Ok(std::slice::from_raw_parts(p, n_vocab))
+        }
+    }
+
+    /// The greedy token of the `i`-th output of the last batch (-1: the
+    /// last one): backend sampling's where the context has it
+    /// ([`Context::sampled_token`]), else the host's [`argmax`] of the
+    /// logits.
+    pub fn greedy_token(&mut self, i: i32) -> Result<Token> {
+        match self.sampled_token(i) {
+            Some(t) => Ok(t),
+            None => Ok(argmax(self.logits(i)?)),
         }
     }
 

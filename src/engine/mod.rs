@@ -49,7 +49,7 @@ pub use placement::{
     stream_schedule, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery, OpKind, RowSplitPolicy, StreamStep,
     TensorPlacement,
 };
-pub use sampler::{Sampler, SamplingParams};
+pub use sampler::{argmax, Sampler, SamplingParams};
 pub use server::{
     run_llama_server, set_load_hook, set_loop_hook, set_media_release_compute, set_projector_hook, set_server_reports,
     wake_server_loop, LoadDecision, LoadHook, LoadRequest, LoadRole, LoopHook, ProjectorHook, ProjectorParams,

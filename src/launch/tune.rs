@@ -300,10 +300,7 @@ fn time_steps(ctx: &mut Context<'_>, depth: u32, n_vocab: u64) -> Result<f64, La
         ctx.decode_tokens(&[tok], depth as i32 + i as i32, true)?;
         // Reading the output waits for the step; it is the next input, as
         // in greedy decoding, so the routed experts vary as they do there.
-        tok = match ctx.sampled_token(-1) {
-            Some(t) => t,
-            None => argmax(ctx.logits(-1)?),
-        };
+        tok = ctx.greedy_token(-1)?;
         tok = (tok as u64 % n_vocab) as Token;
         if i >= SETTLE_STEPS {
             times.push(t.elapsed().as_secs_f64());
@@ -311,14 +308,6 @@ fn time_steps(ctx: &mut Context<'_>, depth: u32, n_vocab: u64) -> Result<f64, La
     }
     ctx.seq_rm(0, depth as i32, -1);
     Ok(median(&mut times))
-}
-
-fn argmax(logits: &[f32]) -> Token {
-    logits
-        .iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map_or(0, |(i, _)| i as Token)
 }
 
 /// The median of `v` (the mean of the middle two for an even count).

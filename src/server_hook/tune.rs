@@ -40,22 +40,11 @@ pub fn start(launch: Option<&Launch>, cp: &ContextParams, budget: Option<u64>) {
             budget,
             origin: Instant::now(),
         });
-    if let Some(t) = &tuner {
-        tracing::info!(
-            "decode split: {} planned; the first decode steps served time it and its neighbours",
-            with_setting_label(&t.plan)
-        );
+    if let Some(planned) = launch.and_then(|l| l.split_knob).and_then(|k| k.setting(0)) {
+        tracing::info!("decode split: {planned} planned; the first decode steps served time it and its neighbours");
     }
     if let Ok(mut g) = TUNER.lock() {
         *g = tuner;
-    }
-}
-
-fn with_setting_label(plan: &Plan) -> String {
-    if plan.hybrid_gpu_experts > 0 {
-        format!("hybrid experts {}", plan.hybrid_gpu_experts)
-    } else {
-        format!("row split {:.0}% GPU", plan.row_split_share * 100.0)
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use std::sync::Arc;
 
-use pipeshard::bench::lossless::argmax;
+use pipeshard::engine::argmax;
 use pipeshard::engine::{buffer_types, BufferType, Context, Model, ModelParams, Token};
 
 /// The real default model (SmolLM2-135M-Instruct), fetched once.
