@@ -2678,8 +2678,6 @@ s13final() {
     PIPESHARD_SPLIT_TUNE=0 ROUNDS=3 bash $sb r2_1 l-r2-1-notune --vram-budget 4GiB || true
     ROUNDS=1 bash $sb r2_4 l-r2-4-up-cpumoe --cpu-moe -ngl 99 || true
     echo "done at ${SECONDS} s"
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RES/machine.txt"
-    lscpu | grep -E "Model name|^CPU\(s\)" >> "$RES/machine.txt"
     tar czf "$OUT/results.tgz" -C "$W" results
 }
 
@@ -2698,7 +2696,6 @@ s13diag() {
     done
     ROUNDS=2 bash $sb r2_4 g-r2-4-main --vram-budget 4GiB || true
     echo "done at ${SECONDS} s"
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RES/machine.txt"
     tar czf "$OUT/results.tgz" -C "$W" results
 }
 
@@ -2723,8 +2720,6 @@ s13check() {
     ROUNDS=4 bash $sb r2_4 k-r2-4 --vram-budget 4GiB || true
     ROUNDS=3 bash $sb r2_1 k-r2-1 --vram-budget 4GiB || true
     echo "done at ${SECONDS} s"
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RES/machine.txt"
-    lscpu | grep -E "Model name|^CPU\(s\)" >> "$RES/machine.txt"
     tar czf "$OUT/results.tgz" -C "$W" results
 }
 
@@ -2742,8 +2737,6 @@ s13last() {
     GGML_SCHED_EXPERT_PREFETCH=0 ROUNDS=3 bash $sb r2_4 z-r2-4-nopf --vram-budget 4GiB || true
     ROUNDS=2 bash $sb r2_4 z-r2-4-up-cpumoe --cpu-moe -ngl 99 || true
     echo "done at ${SECONDS} s"
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RES/machine.txt"
-    lscpu | grep -E "Model name|^CPU\(s\)" >> "$RES/machine.txt"
     tar czf "$OUT/results.tgz" -C "$W" results
 }
 
