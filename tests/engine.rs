@@ -412,3 +412,49 @@ fn warm_up_fits_a_ubatch_as_long_as_the_context() {
         pipeshard::launch::warm_up(&mut ctx, ubatch).unwrap_or_else(|e| panic!("n_ctx {n_ctx}, ubatch {ubatch}: {e}"));
     }
 }
+
+/// Patch 0033: a live context's ubatch changes, and its compute buffers
+/// with it. After a prompt at a ubatch of 128, the context goes to 1 (its
+/// compute buffers shrink), decodes on, and returns to 128 for the next
+/// prompt (they grow back); every greedy token is the one a context that
+/// never changed decodes, including a prompt split into single tokens.
+#[test]
+fn a_live_context_changes_its_ubatch_and_its_compute_buffers_follow() {
+    let model = common::load_default_model();
+    let prompt = model
+        .tokenize(&"the quick brown fox jumps ".repeat(6), true, false)
+        .unwrap();
+    assert!(prompt.len() > 8);
+    let compute = |ctx: &Context<'_>| ctx.memory_breakdown().iter().map(|m| m.compute).sum::<u64>();
+
+    let mut plain = Context::new(&model, ctx_params()).unwrap();
+    let expected = common::greedy(&mut plain, &prompt, 8, |_, _| {});
+    let at_prompt = compute(&plain);
+
+    let mut ctx = Context::new(&model, ctx_params()).unwrap();
+    let got = common::greedy(&mut ctx, &prompt, 8, |i, ctx| {
+        if i == 0 {
+            ctx.set_ubatch(1).unwrap();
+            ctx.reserve_compute().unwrap();
+        }
+    });
+    assert_eq!(got, expected);
+    assert_eq!(ctx.n_ubatch(), 1);
+    let at_one = compute(&ctx);
+    assert!(
+        at_one * 2 < at_prompt,
+        "compute {at_one} at ubatch 1 against {at_prompt}"
+    );
+
+    // A prompt at ubatch 1 runs token by token, to the same tokens.
+    assert_eq!(common::greedy(&mut ctx, &prompt, 8, |_, _| {}), expected);
+    assert_eq!(compute(&ctx), at_one);
+
+    ctx.set_ubatch(128).unwrap();
+    assert_eq!(ctx.n_ubatch(), 128);
+    assert_eq!(common::greedy(&mut ctx, &prompt, 8, |_, _| {}), expected);
+    assert_eq!(compute(&ctx), at_prompt);
+    // Beyond the batch, the ubatch is the batch's.
+    ctx.set_ubatch(100_000).unwrap();
+    assert_eq!(ctx.n_ubatch(), ctx_params().n_batch);
+}

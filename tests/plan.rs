@@ -1231,3 +1231,143 @@ fn the_decode_split_tuned_at_run_time_starts_from_the_cost_models_share() {
     let o = plan::make_plan(&dense, &fixture(), &off).unwrap();
     assert_eq!(SplitKnob::of(&o, dense.n_expert_used, false), None);
 }
+
+/// The request `pipeshard bench` makes on the H200 for the reference case:
+/// its process overhead outside llama.cpp's buffers (the CUDA context and
+/// the runtime allowance) is 433 MiB, and `gen` tokens follow the prompt.
+fn reference_request(budget: u64, gen: u64) -> PlanRequest {
+    let mut r = PlanRequest::new(budget, 4352);
+    r.reserve = 433 << 20;
+    r.workload.gen_tokens = gen;
+    r
+}
+
+/// The decode tier: the memory a prompt's compute buffers free once decode
+/// runs at one token holds more weights while decoding. R1 at 2 GiB (64
+/// generated tokens) and R2 at 4 GiB (512) on the H200 profile: the units
+/// fit the freed memory less the margin, each is a host weight of the plan
+/// (a layer's routed experts as one unit), and the prediction with them is
+/// faster. The decoding plan makes them resident in every tier, so no
+/// callback streams, splits or runs them on the CPU, and keeps everything
+/// else.
+#[test]
+fn the_decode_tier_fills_the_prompts_compute_buffers_with_weights() {
+    for (preset, budget, gen) in [("llama3.1-8b", 2 * GIB, 64), ("qwen3-30b-a3b", 4 * GIB, 512)] {
+        let info = synth::model_info(preset, Quant::Q4_0).unwrap();
+        let p = plan::make_plan(&info, &h200_profile(), &reference_request(budget, gen)).unwrap();
+        let tier = p
+            .decode_tier
+            .clone()
+            .unwrap_or_else(|| panic!("{preset}: no decode tier"));
+        assert_eq!(tier.ubatch, 1, "{preset}");
+        assert!(tier.compute < p.vram.compute / 4, "{preset}: {tier:?}");
+        assert!(
+            tier.bytes() + tier.compute + plan::DECODE_TIER_MARGIN <= p.vram.compute,
+            "{preset}: {} of units in {} freed",
+            tier.bytes(),
+            p.vram.compute - tier.compute
+        );
+        assert!(
+            tier.predicted_decode_tok_s > p.predicted.decode_tok_s * 1.02,
+            "{preset}: {} against {}",
+            tier.predicted_decode_tok_s,
+            p.predicted.decode_tok_s
+        );
+        let mut seen = std::collections::HashSet::new();
+        for u in &tier.units {
+            let ts: Vec<_> = u
+                .weights
+                .iter()
+                .map(|w| p.tensors.iter().find(|t| &t.name == w).expect("a weight of the plan"))
+                .collect();
+            assert!(ts.iter().all(|t| !t.resident), "{preset}: {u:?}");
+            assert_eq!(u.bytes, ts.iter().map(|t| t.vram_bytes).sum::<u64>());
+            assert!(u.weights.iter().all(|w| seen.insert(w.clone())), "listed twice: {u:?}");
+            if ts[0].role.contains("Exps") {
+                // Every host expert tensor of the layer, together.
+                let layer = ts[0].layer;
+                let host_experts = p
+                    .tensors
+                    .iter()
+                    .filter(|t| t.layer == layer && t.role.contains("Exps") && !t.resident)
+                    .count();
+                assert_eq!(u.weights.len(), host_experts, "{preset}: {u:?}");
+            }
+        }
+        let all = p.decoding(tier.units.len());
+        assert!(all.decode_tier.is_none());
+        assert_eq!(all.vram.compute, tier.compute);
+        assert_eq!(all.vram.weights, p.vram.weights + tier.bytes());
+        assert!(
+            all.vram.total <= p.vram.total,
+            "{preset}: decoding needs more than the prompt"
+        );
+        let policies = plan::apply::policies(&all);
+        for u in &tier.units {
+            for w in &u.weights {
+                let t = all.tensors.iter().find(|t| &t.name == w).unwrap();
+                assert!(t.resident && t.exec.iter().all(|&(_, e)| e == Exec::Resident));
+                assert!(t.gpu_share.is_empty());
+                if let Some(rows) = &policies.row_split {
+                    assert_eq!(rows(w, 4096, 1), 0, "{w} still splits");
+                }
+                if let (Some(moe), Some(l)) = (&policies.moe_split, t.layer) {
+                    if t.role.contains("Exps") {
+                        assert_eq!(moe(l, 1), 0, "layer {l} still splits");
+                    }
+                }
+            }
+        }
+        // The other weights keep their decisions.
+        let names: std::collections::HashSet<&String> = tier.units.iter().flat_map(|u| &u.weights).collect();
+        assert!(all
+            .tensors
+            .iter()
+            .zip(&p.tensors)
+            .filter(|(t, _)| !names.contains(&t.name))
+            .all(|(a, b)| a == b));
+        // A prefix: only its units.
+        let one = p.decoding(1);
+        assert_eq!(one.vram.weights, p.vram.weights + tier.units[0].bytes);
+
+        let mut off = reference_request(budget, gen);
+        off.decode_tier = false;
+        assert_eq!(plan::make_plan(&info, &h200_profile(), &off).unwrap().decode_tier, None);
+    }
+}
+
+/// The switch into the decode tier costs each prompt its copies and ~1.5
+/// ms per layer (h200-session14): for R2's 64 generated tokens the 4-5%
+/// faster steps do not pay for it, so no tier is planned; for 512 they do.
+/// R1's tier pays at 64.
+#[test]
+fn the_decode_tier_is_planned_only_where_it_pays_for_its_switch() {
+    let r2 = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();
+    let short = plan::make_plan(&r2, &h200_profile(), &reference_request(4 * GIB, 64)).unwrap();
+    assert_eq!(short.decode_tier, None);
+    let long = plan::make_plan(&r2, &h200_profile(), &reference_request(4 * GIB, 512)).unwrap();
+    assert!(long.decode_tier.is_some());
+    let r1 = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let p = plan::make_plan(&r1, &h200_profile(), &reference_request(2 * GIB, 64)).unwrap();
+    assert!(p.decode_tier.is_some());
+    // Without the switch's cost R2's tier would be planned for 64 tokens too.
+    let mut free = reference_request(4 * GIB, 64);
+    free.overheads.decode_tier_layer_s = 0.0;
+    assert!(plan::make_plan(&r2, &h200_profile(), &free)
+        .unwrap()
+        .decode_tier
+        .is_some());
+}
+
+#[test]
+fn plans_saved_without_a_decode_tier_still_load() {
+    let info = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let p = plan::make_plan(&info, &h200_profile(), &reference_request(2 * GIB, 64)).unwrap();
+    assert!(p.decode_tier.is_some());
+    let mut v = serde_json::to_value(&p).unwrap();
+    v.as_object_mut().unwrap().remove("decode_tier");
+    let old: plan::Plan = serde_json::from_value(v).unwrap();
+    assert_eq!(old.decode_tier, None);
+    let back: plan::Plan = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+    assert_eq!(back.decode_tier, p.decode_tier);
+}

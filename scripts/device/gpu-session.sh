@@ -2740,4 +2740,217 @@ s13last() {
     tar czf "$OUT/results.tgz" -C "$W" results
 }
 
+# s14tier (after zunstash; dist/ of this build and .whl/lead12 carried): the
+# decode tier (patches 0033-0034, src/launch/decode.rs) against the same
+# build with PIPESHARD_DECODE_TIER=0, rows interleaved, R1 at 2 GiB and R2
+# at 4 GiB, bench's decode and --tg; upstream's tg64 @ d4096 on the full GPU
+# and fitted in the budget in the same call; then `pipeshard run` on R1.
+s14tier() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    ZUPSTREAM=0 zprep > /dev/null
+    cat "$RES/machine.txt"
+    echo "prepared at ${SECONDS} s"
+    local ST_LIMIT=560
+    st_row t-r1-on r1 2GiB; st_tar
+    PIPESHARD_DECODE_TIER=0 st_row t-r1-off r1 2GiB; st_tar
+    st_row t-r2-on r2 4GiB; st_tar
+    PIPESHARD_DECODE_TIER=0 st_row t-r2-off r2 4GiB; st_tar
+    echo "pairs done at ${SECONDS} s"
+    st_time 60 && { st_up t-up-r1-full r1 full; st_tar; }
+    st_time 60 && { st_up t-up-r2-full r2 full; st_tar; }
+    st_time 60 && { st_row t-r2-on2 r2 4GiB; st_tar; }
+    st_time 60 && { st_row t-r1-on2 r1 2GiB; st_tar; }
+    st_time 50 && { timeout 60 $P run -m "$W/r1.gguf" --vram-budget 2GiB --profile "$RES/profile.yaml" -c 4352 -t 16 -fa on \
+        -n 48 --ignore-eos -p "$(printf 'word %.0s' $(seq 1 600))" --json > "$RES/t-run-r1.out" 2> "$RES/t-run-r1.log" \
+        || echo "run failed: $?"; grep -E "decode tier|decode split|peak_device|over" "$RES/t-run-r1.log" | cut -c1-300; st_tar; }
+    st_time 60 && { st_up t-up-r1-fit r1 2048; st_tar; }
+    st_time 60 && { st_up t-up-r2-fit r2 4096; st_tar; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s14final (after zunstash; dist/ of the final build and .whl/lead12
+# carried): the decode tier as planned now (it must pay for its switch over
+# the workload's tokens: R1's does at 64, R2's does not), with and without
+# it; R2 with 256 generated tokens, where its tier pays; `pipeshard run` on
+# R1 with a 4096-token prompt; upstream's references. ST_LIMIT as s14tier.
+s14row256() { # NAME MODEL BUDGET: bench's decode of 256 tokens at depth 4096
+    local name=$1 model=$2 budget=$3
+    timeout 240 $P bench -m "$W/$model.gguf" --vram-budget "$budget" --policies pipeshard -p 4096 -n 256 -r 2 -t 16 \
+        --profile "$RES/profile.yaml" -o "$RES/$name" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
+    grep -E "TTFT|decode tier|decode split|error|process VRAM" "$RES/$name.log" | sed -E "s/^.*(INFO|WARN|ERROR)[^ ]* //; s/^/$name: /" | cut -c1-400 || true
+}
+s14final() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    ZUPSTREAM=0 zprep > /dev/null
+    cat "$RES/machine.txt"
+    echo "prepared at ${SECONDS} s"
+    local ST_LIMIT=${ST_LIMIT:-560}
+    st_up f-up-r1-full r1 full; st_tar
+    st_row f-r1-on r1 2GiB; st_tar
+    PIPESHARD_DECODE_TIER=0 st_row f-r1-off r1 2GiB; st_tar
+    st_row f-r2 r2 4GiB; st_tar
+    st_time 60 && { s14row256 f-r2-256-on r2 4GiB; st_tar; }
+    st_time 60 && { PIPESHARD_DECODE_TIER=0 s14row256 f-r2-256-off r2 4GiB; st_tar; }
+    st_time 60 && { st_row f-r1-on2 r1 2GiB; st_tar; }
+    st_time 50 && { timeout 60 $P run -m "$W/r1.gguf" --vram-budget 2GiB --profile "$RES/profile.yaml" -c 4352 -t 16 -fa on \
+        -n 64 --ignore-eos -p "$(printf 'word %.0s' $(seq 1 4000))" --json > "$RES/f-run-r1.out" 2> "$RES/f-run-r1.log" \
+        || echo "run failed: $?"; grep -E "decode tier|decode split" "$RES/f-run-r1.log" | cut -c1-300
+        tail -1 "$RES/f-run-r1.log" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("run:", {k: d["stats"][k] for k in d["stats"] if "per_s" in k or k in ("ttft_ms","generated_tokens","prompt_tokens")}, "peak", d.get("peak_device_bytes"), "loaded", d.get("loaded_memory"))' || true; st_tar; }
+    st_time 60 && { st_up f-up-r2-full r2 full; st_tar; }
+    st_time 60 && { st_up f-up-r1-fit r1 2048; st_tar; }
+    st_time 60 && { st_up f-up-r2-fit r2 4096; st_tar; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s14ab (after zunstash; dist/ with dist/decode_tier_gpu, the example, and
+# .whl/lead12 carried): the decode tier against no tier in one process,
+# alternating blocks of 16 timed steps at depth 4096 (examples/
+# decode_tier_gpu.rs), R1 at 2 GiB planned for 64 generated tokens and R2 at
+# 4 GiB planned for 256 (where its tier is planned); then `pipeshard run` on
+# R1 with a ~4000-token prompt.
+s14ab() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep > /dev/null
+    cat "$RES/machine.txt"
+    echo "prepared at ${SECONDS} s"
+    local m n=0 f
+    for m in "r1 2GiB 64" "r2 4GiB 256" "r1 2GiB 64" "r2 4GiB 256"; do
+        set -- $m
+        n=$((n + 1)); f="$RES/ab-$1-$n"
+        timeout 150 dist/decode_tier_gpu "$W/$1.gguf" "$2" "$RES/profile.yaml" 8 "$3" > "$f.jsonl" 2> "$f.log" \
+            || { echo "ab $1 failed: $?"; grep -v "^\s*$" "$f.log" | tail -3 | cut -c1-300; }
+        tail -1 "$f.jsonl" || true
+        st_tar
+    done
+    timeout 90 $P run -m "$W/r1.gguf" --vram-budget 2GiB --profile "$RES/profile.yaml" -c 4352 -t 16 -fa on \
+        -n 64 --ignore-eos -p "$(printf 'word %.0s' $(seq 1 2000))" --json > "$RES/ab-run-r1.out" 2> "$RES/ab-run-r1.log" \
+        || echo "run failed: $?"
+    grep -E "decode tier|decode split|^error" "$RES/ab-run-r1.log" | cut -c1-300
+    tail -1 "$RES/ab-run-r1.log" | cut -c1-2000
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s14leak (after zunstash; dist/ with dist/decode_tier_gpu): where the
+# device memory that grows with each enter/leave of the decode tier goes:
+# R1 as in s14ab, with llama.cpp's own buffers beside the process's, then
+# the same with ggml-cuda's CUDA graphs off.
+s14leak() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep > /dev/null
+    local f
+    for f in leak-graphs leak-nographs; do
+        if [[ $f == leak-nographs ]]; then export GGML_CUDA_DISABLE_GRAPHS=1; fi
+        timeout 150 dist/decode_tier_gpu "$W/r1.gguf" 2GiB "$RES/profile.yaml" 8 64 > "$RES/$f.jsonl" 2> "$RES/$f.log" || echo "$f failed: $?"
+        python3 -c "
+import json
+for l in open('$RES/$f.jsonl'):
+    d=json.loads(l)
+    if 'round' in d: print('$f', d['round'], d['tier'], round(d['step_ms'],2), d['units'], d['process_bytes']>>20, d['llama_bytes']>>20)
+    elif 'summary' in d: print('$f', {k: d[k] for k in ('on_ms','off_ms','peak_bytes','over_budget')})
+"
+    done
+    unset GGML_CUDA_DISABLE_GRAPHS
+    st_tar
+}
+
+# s14build (fresh machine; dist/ of this build with its llama.cpp source and
+# dist/decode_tier_gpu carried): build the CUDA and CPU modules with patch
+# 0035, send them back in parts ($OUT, for .stash/cudalib), then s14leak's
+# R1 alternation with the new module (the process's memory must stay flat)
+# and R2's.
+s14build() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
+    ( time JOBS=16 bash dist/build-cuda.sh dist 90 --native-cpu ) > "$RES/build-cuda.log" 2>&1 \
+        || { tail -30 "$RES/build-cuda.log"; exit 1; }
+    tail -3 "$RES/build-cuda.log"
+    zsave_modules
+    echo "built at ${SECONDS} s"
+    ZUPSTREAM=0 zprep > /dev/null
+    local m n=0 f
+    for m in "r1 2GiB 64" "r2 4GiB 256"; do
+        set -- $m
+        n=$((n + 1)); f="$RES/ab35-$1-$n"
+        timeout 120 dist/decode_tier_gpu "$W/$1.gguf" "$2" "$RES/profile.yaml" 8 "$3" > "$f.jsonl" 2> "$f.log" || echo "$f failed: $?"
+        python3 -c "
+import json
+for l in open('$f.jsonl'):
+    d=json.loads(l)
+    if 'round' in d: print('$1', d['round'], d['tier'], round(d['step_ms'],2), round(d['switch_ms'],1), d['units'], d['process_bytes']>>20, d['llama_bytes']>>20)
+    elif 'summary' in d: print('$1', {k: d[k] for k in ('on_ms','off_ms','speedup','peak_bytes','over_budget')})
+" || true
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s14last (after zunstash of patch 0035's modules; dist/ of the final
+# build and .whl/lead12 carried): the session's reference rows on the final
+# build. Upstream's tg64 @ d4096 on the full GPU and fitted in the budget;
+# R1 at 2 GiB with and without the decode tier (interleaved), R2 at 4 GiB
+# (its tier does not pay for 64 tokens, so none is planned), issue 14's
+# server rows (patch 0035 changes what the server's tuner and its image path
+# free), and `pipeshard run` on R1. s14last_h100: the same budget rows and
+# the in-process A/B on an H100 host.
+s14last() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    ZUPSTREAM=0 zprep > /dev/null
+    cat "$RES/machine.txt"
+    echo "prepared at ${SECONDS} s"
+    local ST_LIMIT=${ST_LIMIT:-570} sb=scripts/device/server-bench.sh
+    st_up l-up-r1-full r1 full; st_tar
+    st_row l-r1-on r1 2GiB; st_tar
+    PIPESHARD_DECODE_TIER=0 st_row l-r1-off r1 2GiB; st_tar
+    st_row l-r1-on2 r1 2GiB; st_tar
+    st_row l-r2 r2 4GiB; st_tar
+    echo "rows done at ${SECONDS} s"
+    export SMI=0
+    st_time 150 && { ROUNDS=3 bash $sb r2_4 l-r2-4 --vram-budget 4GiB || true; st_tar; }
+    st_time 110 && { ROUNDS=2 bash $sb r2_1 l-r2-1 --vram-budget 4GiB || true; st_tar; }
+    st_time 50 && { st_up l-up-r2-full r2 full; st_tar; }
+    st_time 50 && { st_up l-up-r1-fit r1 2048; st_tar; }
+    st_time 50 && { st_up l-up-r2-fit r2 4096; st_tar; }
+    st_time 40 && { timeout 60 $P run -m "$W/r1.gguf" --vram-budget 2GiB --profile "$RES/profile.yaml" -c 4352 -t 16 -fa on \
+        -n 64 --ignore-eos -p "$(printf 'word %.0s' $(seq 1 2000))" --json > "$RES/l-run-r1.out" 2> "$RES/l-run-r1.log" \
+        || echo "run failed: $?"; grep -E "decode tier|decode split|^error" "$RES/l-run-r1.log" | cut -c1-300; st_tar; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+s14last_h100() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep > /dev/null
+    cat "$RES/machine.txt"
+    echo "prepared at ${SECONDS} s"
+    local ST_LIMIT=${ST_LIMIT:-400} m n=0 f
+    st_row h-r1-on r1 2GiB; st_tar
+    PIPESHARD_DECODE_TIER=0 st_row h-r1-off r1 2GiB; st_tar
+    st_row h-r2 r2 4GiB; st_tar
+    for m in "r1 2GiB 64" "r2 4GiB 256"; do
+        set -- $m
+        n=$((n + 1)); f="$RES/h-ab-$1-$n"
+        st_time 60 || break
+        timeout 120 dist/decode_tier_gpu "$W/$1.gguf" "$2" "$RES/profile.yaml" 8 "$3" > "$f.jsonl" 2> "$f.log" || echo "$f failed: $?"
+        tail -1 "$f.jsonl" || true
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s14h100b (the warm H100 of s14last_h100): R1's rows again, interleaved
+# twice, since its first pair disagreed between bench's decode and --tg.
+s14h100b() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep > /dev/null
+    PIPESHARD_DECODE_TIER=0 st_row h2-r1-off r1 2GiB; st_tar
+    st_row h2-r1-on r1 2GiB; st_tar
+    PIPESHARD_DECODE_TIER=0 st_row h2-r1-off2 r1 2GiB; st_tar
+    st_row h2-r1-on2 r1 2GiB; st_tar
+    echo "done at ${SECONDS} s"
+}
+
 "$@"

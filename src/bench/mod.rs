@@ -358,6 +358,11 @@ pub fn run_policy(
     // whichever decodes fastest here, at the prompt's depth.
     let mut setting = setting;
     if let Some(launch) = launched.as_mut() {
+        // The decode tier is in force while decoding, so the split is
+        // tuned with its residency.
+        if let Some(e) = launch.enter_decode(&mut ctx)? {
+            setting = format!("{setting}; {e}");
+        }
         if let Some(t) = crate::launch::tune_split(launch, &mut ctx, prompt.len() as u32 + 1)? {
             setting = format!("{setting}; decode split tuned: {t}");
         }
@@ -378,6 +383,12 @@ pub fn run_policy(
     let mut samples = Vec::new();
     for _ in 0..cfg.repetitions.max(1) {
         ctx.clear();
+        // The prompt's residency and compute buffers, outside the timing,
+        // as `run` restores them when a reply ends rather than when the
+        // next prompt comes.
+        if let Some(launch) = launched.as_mut() {
+            launch.leave_decode(&mut ctx)?;
+        }
         ctx.reset_perf();
         let t0 = Instant::now();
         ctx.decode_tokens(&prompt, 0, true)?;
@@ -386,6 +397,10 @@ pub fn run_policy(
         let prompt_perf = ctx.perf();
         ctx.reset_perf();
         let t1 = Instant::now();
+        // The decode tier's change of residency counts in the decode time.
+        if let Some(launch) = launched.as_mut() {
+            launch.enter_decode(&mut ctx)?;
+        }
         // The first step after the prompt builds its graph again (the
         // prompt's replaced it), and CUDA captures the graph again on a
         // later one; the others reuse both. llama-bench's tg restores its
@@ -431,8 +446,16 @@ pub fn run_policy(
         // the prompt's cells stay and the generated ones are removed. The
         // first token is the prompt's greedy one, as in the repetitions above.
         ctx.clear();
+        if let Some(launch) = launched.as_mut() {
+            launch.leave_decode(&mut ctx)?;
+        }
         ctx.decode_tokens(&prompt, 0, true)?;
         let first = ctx.greedy_token(-1)?;
+        // llama-bench does not time its depth's fill: the decode tier comes
+        // with it.
+        if let Some(launch) = launched.as_mut() {
+            launch.enter_decode(&mut ctx)?;
+        }
         for sample in samples.iter_mut() {
             if !ctx.seq_rm(0, cfg.prompt_tokens as i32, -1) {
                 return Err(

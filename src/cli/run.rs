@@ -418,11 +418,24 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
                     speculation = Some(s);
                     out
                 }
-                None => match &follower {
-                    Some(f) => generate_between(&mut ctx, &req, &mut on_text, &mut |ctx| {
+                None => match (&follower, launched.as_mut()) {
+                    (Some(f), _) => generate_between(&mut ctx, &req, &mut on_text, &mut |ctx| {
                         f.apply_pending(|moves, slots| live::migrate(ctx.context_ref(), moves, slots));
                     })?,
-                    None => generate(&mut ctx, &req, &mut on_text)?,
+                    // The decode tier goes in force before the first step
+                    // after the prompt.
+                    (None, Some(l)) if l.plan.decode_tier.is_some() => {
+                        let mut entered = None;
+                        let out = generate_between(&mut ctx, &req, &mut on_text, &mut |ctx| {
+                            if entered.is_none() {
+                                entered = Some(l.enter_decode(ctx).map(drop));
+                            }
+                        })?;
+                        let entered = entered.unwrap_or(Ok(()));
+                        entered.context("making the decode tier's weights resident")?;
+                        out
+                    }
+                    _ => generate(&mut ctx, &req, &mut on_text)?,
                 },
             }
         }

@@ -464,6 +464,33 @@ impl<'m> Context<'m> {
         unsafe { ffi::llama_release_compute(self.ptr.as_ptr()) };
     }
 
+    /// Change the context's largest ubatch (patch 0033): its compute
+    /// buffers are freed now and reserved for the new size at the next
+    /// decode, or at once with [`Context::reserve_compute`]. Larger batches
+    /// are split into ubatches of this size. Fails for a context whose
+    /// attention is not causal.
+    pub fn set_ubatch(&mut self, n_ubatch: u32) -> Result<()> {
+        // SAFETY: valid context; llama.cpp synchronises before freeing.
+        if unsafe { ffi::llama_set_n_ubatch(self.ptr.as_ptr(), n_ubatch) } {
+            Ok(())
+        } else {
+            Err(EngineError::Ubatch(format!(
+                "the ubatch of this context cannot change to {n_ubatch} (its attention is not causal)"
+            )))
+        }
+    }
+
+    /// Reserve the compute buffers (and streaming slots) now rather than
+    /// at the next decode; fails when they cannot be allocated.
+    pub fn reserve_compute(&mut self) -> Result<()> {
+        // SAFETY: valid context.
+        if unsafe { ffi::llama_reserve_compute(self.ptr.as_ptr()) } {
+            Ok(())
+        } else {
+            Err(EngineError::Ubatch("the compute buffers could not be reserved".into()))
+        }
+    }
+
     /// llama.cpp's own timing of this context since the last
     /// [`Context::reset_perf`]: each decode from its start to the
     /// synchronisation that ends it, without the caller's time in between.

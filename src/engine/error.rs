@@ -70,6 +70,8 @@ pub enum EngineError {
     NothingStaged,
     #[error("{0}")]
     InvalidArgument(String),
+    #[error("{0}")]
+    Ubatch(String),
 }
 
 fn moved_before(done: usize) -> String {

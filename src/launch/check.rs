@@ -157,14 +157,24 @@ impl super::Launch {
         others: &[&Context<'_>],
     ) -> Result<LoadedMemory, LaunchError> {
         let gpu = engine::has_gpu();
+        // The decode tier's residency, where the split is tuned, holds
+        // other memory than the prompt's: both are checked.
+        let mut decoding = None;
         if gpu {
             let depth = warm_up_to_depth(main, self.plan.ubatch)?;
+            self.enter_decode(main)?;
             super::tune::tune_split(self, main, depth)?;
+            decoding = engine::process_device_bytes();
+            self.leave_decode(main)?;
             main.clear();
         }
         let mut contexts: Vec<&Context<'_>> = vec![main];
         contexts.extend_from_slice(others);
         let process = gpu.then(engine::process_device_bytes).flatten();
+        let process = match (process, decoding) {
+            (Some(p), Some(d)) if d.0 > p.0 => Some(d),
+            (p, _) => p,
+        };
         if gpu && process.is_none() {
             tracing::warn!(
                 "NVML (libnvidia-ml.so.1) is not available: only llama.cpp's buffers and the budgeted overhead are checked against the budget, not the process's device memory"

@@ -12,6 +12,7 @@
 //! ```
 
 mod check;
+mod decode;
 mod draft;
 pub mod live;
 mod options;
@@ -20,6 +21,7 @@ pub mod tune;
 mod vision;
 
 pub use check::{dry_run_bytes, llama_device_bytes, make_measured_plan, verify, warm_up, LoadedMemory};
+pub use decode::{units_that_fit, DecodeEntry};
 pub use draft::{draft_cost, plan_with_draft, DraftCost, DraftSource, DRAFT_UBATCH};
 pub use options::{default_headroom, BudgetSpec, PipeshardOptions};
 pub use overhead::{OverheadSource, ProcessOverhead, ASSUMED_CONTEXT_BYTES, RUNTIME_BYTES, RUNTIME_BYTES_PER_TOKEN};
@@ -141,6 +143,9 @@ pub struct Launch {
     /// The decode split still to be chosen at run time, if the plan has one
     /// the user did not force ([`tune::tune_split`]).
     pub split_knob: Option<SplitKnob>,
+    /// The decode tier while in force ([`Launch::enter_decode`]); `plan` is
+    /// then the decoding plan.
+    decoding: Option<decode::Decoding>,
 }
 
 impl Launch {
@@ -252,6 +257,15 @@ pub fn plan_request(
     pr.hybrid_gpu_experts = req.options.hybrid_experts;
     pr.dense_split = req.options.dense_split;
     pr.exact = req.options.exact;
+    // The decode tier swaps residency between a prompt and its decoding,
+    // which a server's loop (prompts and decoding of several slots in one
+    // batch) and a live re-plan (which moves weights itself) do not do; a
+    // draft model's verification batches are not single tokens.
+    pr.decode_tier = req.options.decode_tier
+        && !req.full_slot_prompt
+        && !req.options.follows_card()
+        && req.draft.is_none()
+        && req.side_contexts.is_empty();
     pr.vision_peak = req.vision.peak;
     let overhead = ProcessOverhead::for_machine(Some(profile), pr.n_ctx);
     pr.reserve = overhead.total() + req.vision.resident;
@@ -326,5 +340,6 @@ pub fn plan_for(
         plan,
         overhead,
         replan,
+        decoding: None,
     }))
 }

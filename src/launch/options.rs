@@ -67,6 +67,13 @@ pub struct PipeshardOptions {
     #[arg(long = "split-tune", env = "PIPESHARD_SPLIT_TUNE", default_value_t = true,
           action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub split_tune: bool,
+    /// Make more weights resident while decoding: once a prompt is done,
+    /// shrink the compute buffers to a decode step's size and fill the
+    /// memory they free with weights, until the next prompt (`run` and
+    /// `bench`; the server keeps one residency). `false` keeps the plan's.
+    #[arg(long = "decode-tier", env = "PIPESHARD_DECODE_TIER", default_value_t = true,
+          action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub decode_tier: bool,
 }
 
 impl Default for PipeshardOptions {
@@ -82,6 +89,7 @@ impl Default for PipeshardOptions {
             vision_stream_slots: engine::VisionOptions::BUDGETED_STREAM_SLOTS,
             exact: false,
             split_tune: true,
+            decode_tier: true,
         }
     }
 }

@@ -134,6 +134,21 @@ pub struct Overheads {
     /// 0030).
     #[serde(default = "default_ubatch_s")]
     pub ubatch_s: f64,
+    /// Seconds per layer that going into the decode tier costs beyond its
+    /// copies ([`crate::plan::DecodeTier`]): shrinking the compute buffers
+    /// and reserving them twice (graph builds), and the first two steps
+    /// after it, which build and capture their graphs again and start the
+    /// routed-expert prefetch afresh. On the H200 this came to ~33 ms for
+    /// R1 (32 layers: 21 ms to enter with 3 ms of copies, and a second
+    /// step 14 ms slower than the others) and 72-80 ms for R2 (48 layers:
+    /// 40-51 ms to enter with 8 ms of copies, and two steps 15-20 ms
+    /// slower each), h200-session14.
+    #[serde(default = "default_decode_tier_layer_s")]
+    pub decode_tier_layer_s: f64,
+}
+
+fn default_decode_tier_layer_s() -> f64 {
+    1.5e-3
 }
 
 fn default_ubatch_s() -> f64 {
@@ -161,6 +176,7 @@ impl Default for Overheads {
             hybrid_cpu_contention: default_cpu_contention(),
             mask_entry_s: default_mask_entry_s(),
             ubatch_s: default_ubatch_s(),
+            decode_tier_layer_s: default_decode_tier_layer_s(),
         }
     }
 }
@@ -251,7 +267,7 @@ impl<'a> CostModel<'a> {
         t.holds_routed_experts() && (self.streaming == Streaming::Synchronous || n <= self.routed_max_tokens)
     }
 
-    fn link_bw(&self) -> f64 {
+    pub fn link_bw(&self) -> f64 {
         match &self.profile.link {
             Some(l) if self.pinned => l.h2d_pinned,
             Some(l) => l.h2d_pageable,

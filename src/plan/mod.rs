@@ -1,9 +1,13 @@
 //! The planner: where each sub-layer weight lives and runs, per token tier,
 //! under a hard VRAM budget.
 //!
-//! A [`Plan`] keeps one set of resident weights (re-uploading weights between
-//! tiers would cost more than it saves) and, for every other weight, decides
-//! per tier whether its op streams the weight to the GPU or runs on the CPU.
+//! A [`Plan`] keeps one set of resident weights for every tier (re-uploading
+//! weights between ubatches would cost more than it saves) and, for every
+//! other weight, decides per tier whether its op streams the weight to the
+//! GPU or runs on the CPU. Only between a prompt and the decoding after it
+//! does the residency change: the [`DecodeTier`] holds more weights in the
+//! memory the prompt's compute buffers give back, where that pays for the
+//! switch.
 //! [`make_plan`] searches the ubatch size and how many layers keep their KV
 //! cache on the GPU; for each candidate it fills the VRAM left after KV,
 //! compute buffers and a reserve with the weights that save the most time per
@@ -11,12 +15,14 @@
 
 pub mod apply;
 pub mod cost;
+mod decode_tier;
 mod evaluate;
 mod optimizer;
 mod report;
 mod switch;
 
 pub use cost::{CostModel, Exec, Overheads, Streaming};
+pub use decode_tier::{DecodeTier, DecodeUnit, DECODE_TIER_MARGIN};
 pub use evaluate::{predict, Evaluator};
 pub use optimizer::{make_plan, value_per_byte};
 pub use report::{render, Format};
@@ -178,6 +184,9 @@ pub struct PlanRequest {
     /// GPU instead of the planner's choice: a live re-plan keeps the KV
     /// cache where the running context holds it.
     pub kv_gpu_layers: Option<u32>,
+    /// Plan a decode tier ([`DecodeTier`]): more weights resident while
+    /// decoding, in the memory the prompt's compute buffers free.
+    pub decode_tier: bool,
 }
 
 /// Two slots let one split's copy overlap the previous split's compute; a
@@ -212,6 +221,7 @@ impl PlanRequest {
             dense_split: None,
             exact: false,
             kv_gpu_layers: None,
+            decode_tier: true,
         }
     }
 }
@@ -342,6 +352,9 @@ pub struct Plan {
     pub predicted: Prediction,
     pub workload: Workload,
     pub tensors: Vec<PlannedTensor>,
+    /// More weights resident while decoding (None: the same residency).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_tier: Option<DecodeTier>,
 }
 
 impl Plan {

@@ -300,12 +300,17 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 predicted,
                 workload: req.workload,
                 tensors,
+                decode_tier: None,
             };
             best = Some((cfg_best.0, plan));
         }
     }
-    best.map(|(_, p)| p).ok_or(PlanError::BudgetTooSmall {
+    let mut plan = best.map(|(_, p)| p).ok_or(PlanError::BudgetTooSmall {
         budget: req.budget,
         minimum,
-    })
+    })?;
+    if req.decode_tier {
+        plan.decode_tier = super::decode_tier::decode_tier(model, &cm, req, &plan);
+    }
+    Ok(plan)
 }

@@ -90,6 +90,17 @@ fn table(plan: &Plan) -> String {
         plan.streaming,
         if plan.pinned { "pinned" } else { "pageable" }
     );
+    if let Some(t) = &plan.decode_tier {
+        let _ = writeln!(
+            s,
+            "decode tier: after the prompt, the compute buffers shrink to {} at ubatch {} and {} more weights ({}) are resident while decoding, until the next prompt: predicted decode {:.1} tok/s",
+            fmt_bytes(t.compute),
+            t.ubatch,
+            t.units.iter().map(|u| u.weights.len()).sum::<usize>(),
+            fmt_bytes(t.bytes()),
+            t.predicted_decode_tok_s
+        );
+    }
     if let (Some(w), Some(sp)) = (plan.workload.speculation, p.speculation) {
         let _ = writeln!(
             s,

@@ -1,0 +1,213 @@
+//! The decode tier's own residency. A context's compute buffers are sized
+//! for its largest ubatch: a prompt's. Single-token decoding needs a small
+//! part of them. Once a prompt is done the launch shrinks them to the
+//! decode ubatch's size (patch 0033) and makes more weights resident in the
+//! memory that frees, until the next prompt, which gets it back first
+//! ([`crate::launch::DecodeResidency`]).
+//!
+//! The weights come in units: a weight, or all of a layer's routed-expert
+//! tensors together (a layer whose experts split between the CPU and the
+//! GPU splits as a whole, so one resident expert tensor of three would only
+//! stop the split). Units are added greedily by the decode time they save
+//! per byte, as the cost model prices the whole step with them, so a unit
+//! that saves nothing is never added.
+
+use serde::{Deserialize, Serialize};
+
+use super::cost::{CostModel, Streaming};
+use super::evaluate::Evaluator;
+use super::{attention_scores_bytes, compute_bytes, small_bytes, Exec, Plan, PlanRequest};
+use crate::gguf::{ModelInfo, TensorRole};
+
+/// Memory of the freed compute buffers left unused for what the decode
+/// tier's new graphs hold outside llama.cpp's buffers: CUDA graphs captured
+/// again (ggml-cuda keeps the stale ones for a while) and the pool's
+/// temporaries at the new shapes.
+pub const DECODE_TIER_MARGIN: u64 = 64 << 20;
+
+/// Weights that become resident together in the decode tier.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecodeUnit {
+    pub weights: Vec<String>,
+    /// Their device bytes.
+    pub bytes: u64,
+}
+
+/// What the decode tier adds to a plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecodeTier {
+    /// The ubatch decode runs with: the largest of the plan's tiers below
+    /// the prompt's ubatch.
+    pub ubatch: u32,
+    /// The compute buffers at that ubatch, priced like the plan's.
+    pub compute: u64,
+    /// Units made resident while decoding, best first; a launch that finds
+    /// less memory free than planned takes a prefix.
+    pub units: Vec<DecodeUnit>,
+    /// The predicted decode speed with every unit resident.
+    pub predicted_decode_tok_s: f64,
+}
+
+impl DecodeTier {
+    /// Device bytes of all units.
+    pub fn bytes(&self) -> u64 {
+        self.units.iter().map(|u| u.bytes).sum()
+    }
+}
+
+/// Routed-expert tensors, which a layer makes resident together.
+fn is_expert(role: TensorRole) -> bool {
+    matches!(
+        role,
+        TensorRole::MoeGateExps | TensorRole::MoeUpExps | TensorRole::MoeDownExps
+    )
+}
+
+/// The decode tier of `plan`, made by [`super::make_plan`] for `req`; None
+/// when decode runs at the prompt's ubatch, when a vision encoder uses the
+/// compute buffers' place, with llama.cpp's synchronous streaming (its
+/// compute buffers hold streamed weights), or when the decode time the
+/// freed memory saves over the workload's generated tokens does not pay
+/// for the copies and the switch ([`super::Overheads::decode_tier_layer_s`]),
+/// which every prompt pays again.
+pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, plan: &Plan) -> Option<DecodeTier> {
+    if req.vision_peak > 0 || plan.streaming == Streaming::Synchronous {
+        return None;
+    }
+    let ubatch = plan.tiers.iter().copied().filter(|&t| t < plan.ubatch).max()?;
+    let scores = if req.flash_attention {
+        0
+    } else {
+        attention_scores_bytes(model, ubatch as u64, req.n_ctx)
+    };
+    let compute =
+        ((compute_bytes(model, ubatch as u64, 0) + scores) as f64 * req.compute_scale) as u64 + small_bytes(model);
+    let mut room = plan
+        .vram
+        .compute
+        .saturating_sub(compute)
+        .saturating_sub(DECODE_TIER_MARGIN);
+
+    let ev = Evaluator::new(model, cm, plan.workload, plan.ubatch, plan.kv_gpu_layers);
+    let mut resident = plan_resident(model, &ev, plan);
+    // Candidate units, as indices into `ev.tensors`.
+    let mut units: Vec<Vec<usize>> = Vec::new();
+    for (k, &i) in ev.tensors.iter().enumerate() {
+        let t = &model.tensors[i];
+        if resident[k] {
+            continue;
+        }
+        if let (true, Some(layer)) = (is_expert(t.role), t.layer) {
+            if let Some(u) = units.iter_mut().find(|u| {
+                let f = &model.tensors[ev.tensors[u[0]]];
+                is_expert(f.role) && f.layer == Some(layer)
+            }) {
+                u.push(k);
+                continue;
+            }
+        }
+        units.push(vec![k]);
+    }
+    let size = |u: &[usize]| -> u64 { u.iter().map(|&k| model.tensors[ev.tensors[k]].cuda_alloc_size()).sum() };
+    let step_s = |res: &[bool]| 1.0 / ev.evaluate(res).decode_tok_s.max(1e-12);
+    // Decode steps of the workload (per sequence where several decode
+    // together: `decode_tok_s` is theirs in total), and the copy of a
+    // unit's bytes, which each prompt pays again.
+    let steps = plan.workload.gen_tokens as f64 / plan.workload.decode_tokens() as f64;
+    let link = cm.link_bw();
+    let copy_s = |bytes: u64| if link > 0.0 { bytes as f64 / link } else { f64::INFINITY };
+
+    let mut chosen: Vec<DecodeUnit> = Vec::new();
+    let mut now = step_s(&resident);
+    loop {
+        // The unit that saves the most decode time per byte and fits.
+        let mut best: Option<(f64, usize, f64)> = None;
+        for (ui, u) in units.iter().enumerate() {
+            let bytes = size(u);
+            if bytes > room {
+                continue;
+            }
+            let mut with = resident.clone();
+            for &k in u {
+                with[k] = true;
+            }
+            let t = step_s(&with);
+            let gain = (now - t) / bytes.max(1) as f64;
+            // It must save more over the workload than its copy costs.
+            let pays = (now - t) * steps > copy_s(bytes);
+            if pays && now - t > 1e-9 && best.map_or(true, |b| gain > b.0) {
+                best = Some((gain, ui, t));
+            }
+        }
+        let Some((_, ui, t)) = best else {
+            break;
+        };
+        let u = units.swap_remove(ui);
+        let bytes = size(&u);
+        for &k in &u {
+            resident[k] = true;
+        }
+        room -= bytes;
+        now = t;
+        chosen.push(DecodeUnit {
+            weights: u.iter().map(|&k| model.tensors[ev.tensors[k]].name.clone()).collect(),
+            bytes,
+        });
+    }
+    // The switch itself (buffers, graphs) must pay too.
+    let before = step_s(&plan_resident(model, &ev, plan));
+    let switch_s = cm.overheads.decode_tier_layer_s * model.n_layer as f64;
+    if (before - now) * steps <= switch_s + copy_s(chosen.iter().map(|u| u.bytes).sum()) {
+        return None;
+    }
+    (!chosen.is_empty()).then(|| DecodeTier {
+        ubatch,
+        compute,
+        units: chosen,
+        predicted_decode_tok_s: 1.0 / now,
+    })
+}
+
+/// `plan`'s residency over `ev.tensors`.
+fn plan_resident(model: &ModelInfo, ev: &Evaluator, plan: &Plan) -> Vec<bool> {
+    ev.tensors
+        .iter()
+        .map(|&i| {
+            plan.tensors
+                .iter()
+                .any(|t| t.resident && t.name == model.tensors[i].name)
+        })
+        .collect()
+}
+
+impl Plan {
+    /// This plan with `units` of its decode tier resident as well and its
+    /// compute buffers at the decode tier's size: the decisions in force
+    /// while decoding. Their ops run on the GPU in every tier; the others'
+    /// decisions (streaming, the CPU, the split shares) stay.
+    pub fn decoding(&self, n_units: usize) -> Plan {
+        let mut p = self.clone();
+        let Some(tier) = self.decode_tier.as_ref() else {
+            return p;
+        };
+        let names: std::collections::HashSet<&str> = tier
+            .units
+            .iter()
+            .take(n_units)
+            .flat_map(|u| u.weights.iter().map(String::as_str))
+            .collect();
+        for t in p.tensors.iter_mut().filter(|t| names.contains(t.name.as_str())) {
+            t.resident = true;
+            for e in t.exec.iter_mut() {
+                e.1 = Exec::Resident;
+            }
+            t.gpu_share.clear();
+        }
+        p.vram.weights = p.resident_bytes();
+        p.vram.compute = tier.compute;
+        p.vram.total =
+            super::VramBreakdown::total_with(p.vram.persistent(), p.vram.language_peak(), p.vram.vision_peak);
+        p.decode_tier = None;
+        p
+    }
+}
