@@ -76,6 +76,11 @@ pub fn units_that_fit(sizes: &[u64], room: u64) -> usize {
         .count()
 }
 
+/// Moves of the weights `names` to `to`.
+fn moves_to(names: &[String], to: Residence) -> Vec<WeightMove> {
+    names.iter().map(|w| WeightMove { tensor: w.clone(), to }).collect()
+}
+
 /// Device bytes a weight of `bytes` takes in a buffer of its own: CUDA
 /// allocates whole 2 MiB pages.
 fn allocated(bytes: u64) -> u64 {
@@ -129,15 +134,8 @@ impl Launch {
         }
         let decoding = self.plan.decoding(n);
         let promoted: Vec<String> = tier.units[..n].iter().flat_map(|u| u.weights.clone()).collect();
-        let moves: Vec<WeightMove> = promoted
-            .iter()
-            .map(|w| WeightMove {
-                tensor: w.clone(),
-                to: Residence::Device,
-            })
-            .collect();
         self.switch.switch(&decoding);
-        match engine::migrate_weights(ctx.context_ref(), &moves) {
+        match engine::migrate_weights(ctx.context_ref(), &moves_to(&promoted, Residence::Device)) {
             Ok(_) => {}
             Err(e) => {
                 // Nothing moved: the prompt's decisions and ubatch stay.
@@ -173,16 +171,9 @@ impl Launch {
             None => prompt_plan,
         };
         self.switch.switch(&prompt_plan);
-        let moves: Vec<WeightMove> = promoted
-            .iter()
-            .map(|w| WeightMove {
-                tensor: w.clone(),
-                to: Residence::Host,
-            })
-            .collect();
         let ubatch = prompt_plan.ubatch;
         self.plan = prompt_plan;
-        engine::migrate_weights(ctx.context_ref(), &moves)?;
+        engine::migrate_weights(ctx.context_ref(), &moves_to(&promoted, Residence::Host))?;
         ctx.set_ubatch(ubatch)?;
         ctx.reserve_compute()?;
         tracing::debug!(
