@@ -106,7 +106,11 @@ impl Launch {
             return Ok(None);
         };
         let start = Instant::now();
-        ctx.set_ubatch(tier.ubatch)?;
+        if let Err(e) = ctx.set_ubatch(tier.ubatch) {
+            // A context without causal attention keeps its ubatch.
+            tracing::info!("decode tier: not used: {e}");
+            return Ok(None);
+        }
         ctx.reserve_compute()?;
         let sizes: Vec<u64> = tier
             .units
