@@ -2953,4 +2953,25 @@ s14h100b() {
     echo "done at ${SECONDS} s"
 }
 
+# s14exact (after zunstash; dist/ of the final build carried): --exact with
+# the decode tier is still token for token the full-GPU result: `run` on R1
+# with no budget and with --exact at 2 GiB (the tier entered after the
+# prompt), the same greedy text; then `lossless` on R1 at 2 GiB.
+s14exact() {
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep > /dev/null
+    cat "$RES/machine.txt"
+    local prompt; prompt="$(printf 'word %.0s' $(seq 1 2000))"
+    timeout 90 $P run -m "$W/r1.gguf" -c 4352 -t 16 -fa on -n 48 --ignore-eos -p "$prompt" \
+        > "$RES/x-full.txt" 2> "$RES/x-full.log" || echo "full failed: $?"
+    timeout 90 $P run -m "$W/r1.gguf" --vram-budget 2GiB --exact --profile "$RES/profile.yaml" -c 4352 -t 16 -fa on \
+        -n 48 --ignore-eos -p "$prompt" > "$RES/x-exact.txt" 2> "$RES/x-exact.log" || echo "exact failed: $?"
+    grep -E "decode tier|^(prompt|decode):" "$RES/x-full.log" "$RES/x-exact.log" | sed -E 's/\x1b\[[0-9;]*m//g' | cut -c1-250
+    if cmp -s "$RES/x-full.txt" "$RES/x-exact.txt"; then echo "exact == full GPU ($(wc -c < "$RES/x-full.txt") bytes)"; else echo "exact DIFFERS from full GPU"; fi
+    timeout 150 $P lossless -m "$W/r1.gguf" --vram-budget 2GiB --profile "$RES/profile.yaml" > "$RES/x-lossless.log" 2>&1 || echo "lossless failed: $?"
+    grep -v "^\s*$" "$RES/x-lossless.log" | sed -E 's/\x1b\[[0-9;]*m//g' | grep -v " INFO " | tail -12 | cut -c1-250
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
