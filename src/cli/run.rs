@@ -431,8 +431,9 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
                                 entered = Some(l.enter_decode(ctx).map(drop));
                             }
                         })?;
-                        let entered = entered.unwrap_or(Ok(()));
-                        entered.context("making the decode tier's weights resident")?;
+                        entered
+                            .unwrap_or(Ok(()))
+                            .context("making the decode tier's weights resident")?;
                         out
                     }
                     _ => generate(&mut ctx, &req, &mut on_text)?,

@@ -139,15 +139,12 @@ impl Launch {
         let decoding = self.plan.decoding(n);
         let promoted: Vec<String> = tier.units[..n].iter().flat_map(|u| u.weights.clone()).collect();
         self.switch.switch(&decoding);
-        match engine::migrate_weights(ctx.context_ref(), &moves_to(&promoted, Residence::Device)) {
-            Ok(_) => {}
-            Err(e) => {
-                // Nothing moved: the prompt's decisions and ubatch stay.
-                self.switch.switch(&self.plan);
-                ctx.set_ubatch(self.plan.ubatch)?;
-                tracing::warn!("decode tier: the weights stay in host memory: {e}");
-                return Ok(None);
-            }
+        if let Err(e) = engine::migrate_weights(ctx.context_ref(), &moves_to(&promoted, Residence::Device)) {
+            // Nothing moved: the prompt's decisions and ubatch stay.
+            self.switch.switch(&self.plan);
+            ctx.set_ubatch(self.plan.ubatch)?;
+            tracing::warn!("decode tier: the weights stay in host memory: {e}");
+            return Ok(None);
         }
         let prompt_plan = std::mem::replace(&mut self.plan, decoding);
         self.decoding = Some(Decoding { prompt_plan, promoted });

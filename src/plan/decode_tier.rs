@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cost::{CostModel, Streaming};
 use super::evaluate::Evaluator;
-use super::{attention_scores_bytes, compute_bytes, small_bytes, Exec, Plan, PlanRequest};
+use super::{planned_compute, Exec, Plan, PlanRequest};
 use crate::gguf::{ModelInfo, TensorRole};
 
 /// Memory of the freed compute buffers left unused for what the decode
@@ -75,13 +75,7 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
         return None;
     }
     let ubatch = plan.tiers.iter().copied().filter(|&t| t < plan.ubatch).max()?;
-    let scores = if req.flash_attention {
-        0
-    } else {
-        attention_scores_bytes(model, ubatch as u64, req.n_ctx)
-    };
-    let compute =
-        ((compute_bytes(model, ubatch as u64, 0) + scores) as f64 * req.compute_scale) as u64 + small_bytes(model);
+    let compute = planned_compute(model, req, ubatch as u64, 0);
     let mut room = plan
         .vram
         .compute
@@ -89,7 +83,15 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
         .saturating_sub(DECODE_TIER_MARGIN);
 
     let ev = Evaluator::new(model, cm, plan.workload, plan.ubatch, plan.kv_gpu_layers);
-    let mut resident = plan_resident(model, &ev, plan);
+    let mut resident: Vec<bool> = ev
+        .tensors
+        .iter()
+        .map(|&i| {
+            plan.tensors
+                .iter()
+                .any(|t| t.resident && t.name == model.tensors[i].name)
+        })
+        .collect();
     // Candidate units, as indices into `ev.tensors`.
     let mut units: Vec<Vec<usize>> = Vec::new();
     for (k, &i) in ev.tensors.iter().enumerate() {
@@ -118,7 +120,8 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
     let copy_s = |bytes: u64| if link > 0.0 { bytes as f64 / link } else { f64::INFINITY };
 
     let mut chosen: Vec<DecodeUnit> = Vec::new();
-    let mut now = step_s(&resident);
+    let before = step_s(&resident);
+    let mut now = before;
     loop {
         // The unit that saves the most decode time per byte and fits.
         let mut best: Option<(f64, usize, f64)> = None;
@@ -154,30 +157,18 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
             bytes,
         });
     }
-    // The switch itself (buffers, graphs) must pay too.
-    let before = step_s(&plan_resident(model, &ev, plan));
+    // The switch itself (buffers, graphs) must pay too; a tier without
+    // units saves nothing, so it never does.
     let switch_s = cm.overheads.decode_tier_layer_s * model.n_layer as f64;
     if (before - now) * steps <= switch_s + copy_s(chosen.iter().map(|u| u.bytes).sum()) {
         return None;
     }
-    (!chosen.is_empty()).then(|| DecodeTier {
+    Some(DecodeTier {
         ubatch,
         compute,
         units: chosen,
         predicted_decode_tok_s: 1.0 / now,
     })
-}
-
-/// `plan`'s residency over `ev.tensors`.
-fn plan_resident(model: &ModelInfo, ev: &Evaluator, plan: &Plan) -> Vec<bool> {
-    ev.tensors
-        .iter()
-        .map(|&i| {
-            plan.tensors
-                .iter()
-                .any(|t| t.resident && t.name == model.tensors[i].name)
-        })
-        .collect()
 }
 
 impl Plan {

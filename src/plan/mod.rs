@@ -503,6 +503,19 @@ pub(crate) fn attention_scores_bytes(model: &ModelInfo, u: u64, n_ctx: u64) -> u
     u * n_ctx.div_ceil(256) * 256 * n_head * 4 * 2
 }
 
+/// The compute memory a plan for `req` prices at ubatch `u`: the
+/// [`compute_bytes`] estimate (with `streamed_layer_bytes`), attention
+/// scores without flash attention, scaled by the dry run's correction
+/// ([`PlanRequest::compute_scale`]), and the small tensors.
+pub(crate) fn planned_compute(model: &ModelInfo, req: &PlanRequest, u: u64, streamed_layer_bytes: u64) -> u64 {
+    let scores = if req.flash_attention {
+        0
+    } else {
+        attention_scores_bytes(model, u, req.n_ctx)
+    };
+    ((compute_bytes(model, u, streamed_layer_bytes) + scores) as f64 * req.compute_scale) as u64 + small_bytes(model)
+}
+
 /// Compute-buffer estimate for a ubatch of `u` tokens on the GPU: the
 /// activations of one layer plus the largest set of weights one layer
 /// streams through the compute buffer.

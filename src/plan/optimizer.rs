@@ -9,10 +9,7 @@
 
 use super::cost::{is_placeable, CostModel, Exec, Streaming};
 use super::evaluate::Evaluator;
-use super::{
-    attention_scores_bytes, compute_bytes, kv_bytes, small_bytes, Plan, PlanError, PlanRequest, PlannedTensor,
-    VramBreakdown,
-};
+use super::{kv_bytes, planned_compute, Plan, PlanError, PlanRequest, PlannedTensor, VramBreakdown};
 use crate::gguf::{ModelInfo, TensorRole};
 use crate::profile::MachineProfile;
 
@@ -88,7 +85,6 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
     }
     let streaming = req.streaming();
     let cm = cost_model(model, profile, req);
-    let small_bytes = small_bytes(model);
     // Streamed weights held in the compute buffer: with synchronous copies
     // the scheduler copies a layer's streamed weights there; with overlapped
     // streaming they go through the slots instead, sized per candidate below.
@@ -136,13 +132,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
     for &u in &ubatches {
         for &kv_layers in &kv_steps {
             let kv = kv_bytes(model, req, kv_layers);
-            let scores = if req.flash_attention {
-                0
-            } else {
-                attention_scores_bytes(model, u as u64, req.n_ctx)
-            };
-            let compute =
-                ((compute_bytes(model, u as u64, in_compute) + scores) as f64 * req.compute_scale) as u64 + small_bytes;
+            let compute = planned_compute(model, req, u as u64, in_compute);
             let fixed = kv + req.reserve;
             let ev = Evaluator::new(model, &cm, req.workload, u, kv_layers);
             let sizes: Vec<u64> = ev.tensors.iter().map(|&i| model.tensors[i].cuda_alloc_size()).collect();
