@@ -2324,7 +2324,7 @@ s12lead_up() { # NAME MODEL
 }
 s12lead() {
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
-    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    [[ -f .whl/lead12/upbench.tar.xz ]] && mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
     ZUPSTREAM=0 zprep
     local m budget
     for m in r1 r2; do
@@ -2374,7 +2374,7 @@ s12diag() {
 # rounds) and one client; upstream's --cpu-moe -ngl 99 with four clients.
 s12final() {
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
-    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    [[ -f .whl/lead12/upbench.tar.xz ]] && mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
     ZUPSTREAM=0 zprep > /dev/null
     s12lead_up f-up-r1 r1
     parity_ps f-r1-budget r1 2GiB pipeshard --tg
@@ -2572,7 +2572,7 @@ c13out() {
 # first steps served.
 st_row() { # NAME MODEL BUDGET [EXTRA...]: bench's decode with --tg
     local name=$1 model=$2 budget=$3; shift 3
-    timeout 240 $P bench -m "$W/$model.gguf" --vram-budget "$budget" --policies pipeshard -p 4096 -n 64 -r 2 -t 16 --tg \
+    timeout 240 $P bench -m "$W/$model.gguf" --vram-budget "$budget" --policies pipeshard -p 4096 -n 64 -r 2 -t "${ST_T:-16}" --tg \
         --profile "$RES/profile.yaml" -o "$RES/$name" "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
     grep -E "TTFT|tg64|decode split|error|process VRAM" "$RES/$name.log" | sed -E "s/^.*(INFO|WARN|ERROR)[^ ]* //; s/^/$name: /" | cut -c1-400 || true
 }
@@ -2660,7 +2660,7 @@ s13tune_h100() {
 # run-time split, and upstream's --cpu-moe -ngl 99 with four clients.
 s13final() {
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
-    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    [[ -f .whl/lead12/upbench.tar.xz ]] && mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
     ZUPSTREAM=0 zprep > /dev/null
     local m budget sb=scripts/device/server-bench.sh
     for m in r1 r2; do
@@ -2706,7 +2706,7 @@ s13diag() {
 # R1 (2 GiB) and R2 (4 GiB), then R2 through the server, four clients and one.
 s13check() {
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
-    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    [[ -f .whl/lead12/upbench.tar.xz ]] && mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
     ZUPSTREAM=0 zprep > /dev/null
     local m budget sb=scripts/device/server-bench.sh
     for m in r1 r2; do
@@ -2747,7 +2747,7 @@ s13last() {
 # and fitted in the budget in the same call; then `pipeshard run` on R1.
 s14tier() {
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
-    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    [[ -f .whl/lead12/upbench.tar.xz ]] && mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
     ZUPSTREAM=0 zprep > /dev/null
     cat "$RES/machine.txt"
     echo "prepared at ${SECONDS} s"
@@ -2783,7 +2783,7 @@ s14row256() { # NAME MODEL BUDGET: bench's decode of 256 tokens at depth 4096
 }
 s14final() {
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
-    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    [[ -f .whl/lead12/upbench.tar.xz ]] && mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
     ZUPSTREAM=0 zprep > /dev/null
     cat "$RES/machine.txt"
     echo "prepared at ${SECONDS} s"
@@ -2898,7 +2898,7 @@ for l in open('$f.jsonl'):
 # the in-process A/B on an H100 host.
 s14last() {
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
-    mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    [[ -f .whl/lead12/upbench.tar.xz ]] && mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
     ZUPSTREAM=0 zprep > /dev/null
     cat "$RES/machine.txt"
     echo "prepared at ${SECONDS} s"
@@ -2970,6 +2970,227 @@ s14exact() {
     if cmp -s "$RES/x-full.txt" "$RES/x-exact.txt"; then echo "exact == full GPU ($(wc -c < "$RES/x-full.txt") bytes)"; else echo "exact DIFFERS from full GPU"; fi
     timeout 150 $P lossless -m "$W/r1.gguf" --vram-budget 2GiB --profile "$RES/profile.yaml" > "$RES/x-lossless.log" 2>&1 || echo "lossless failed: $?"
     grep -v "^\s*$" "$RES/x-lossless.log" | sed -E 's/\x1b\[[0-9;]*m//g' | grep -v " INFO " | tail -12 | cut -c1-250
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# Session 15, issue 16 part 3 (R2's decode at 4 GiB): where a step's time
+# goes. After zunstash (carry .stash), carrying dist and .whl/lead12.
+s15prep() {
+    [[ -f /root/cudalib/libggml-cuda.so ]] || zunstash > /dev/null
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    [[ -f .whl/lead12/upbench.tar.xz ]] && mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/lead12/upbench.tar.xz
+    ZUPSTREAM=0 zprep > /dev/null
+    cat "$RES/machine.txt"
+    echo "prepared at ${SECONDS} s"
+}
+s15trace() { # NAME MODEL BUDGET TOKENS [EXTRA...]: bench's decode under the CUPTI recorder, host calls included
+    local name=$1 model=$2 budget=$3 n=$4; shift 4
+    [[ -f /root/libcupti-trace.so ]] || po_trace_build || return 0
+    CUDA_INJECTION64_PATH=/root/libcupti-trace.so CUPTI_TRACE_API=1 CUPTI_TRACE_OUT=$RES/$name.csv GGML_SCHED_TIMING=1 \
+        timeout 200 $P bench -m "$W/$model.gguf" --vram-budget "$budget" --policies pipeshard -p 4096 -n "$n" -r 1 -t 16 \
+        --profile "$RES/profile.yaml" -o "$RES/$name" "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
+    grep -E "TTFT|error|process VRAM|1-token graphs" "$RES/$name.log" | sed -E "s/^.*(INFO|WARN|ERROR)[^ ]* //; s/^/$name: /" | cut -c1-400 || true
+    if [[ -f $RES/$name.csv ]]; then
+        timeout 120 python3 scripts/device/trace-decode.py "$RES/$name.csv" "$n" > "$RES/$name.decode.txt" 2>&1 || true
+        head -c 9000 "$RES/$name.decode.txt"
+        xz -T8 -f "$RES/$name.csv"
+    fi
+}
+s15memcpy() {
+    g++ -O2 -std=c++17 -I/usr/local/cuda/include scripts/device/memcpy-issue.cpp -L/usr/local/cuda/lib64 -lcudart \
+        -Wl,-rpath,/usr/local/cuda/lib64 -o /root/memcpy-issue && /root/memcpy-issue 640 15 | tee "$RES/memcpy-issue.txt"
+}
+s15diag() {
+    s15prep
+    if [[ -z ${S15_SKIP:-} ]]; then
+        s15memcpy || true
+        GGML_SCHED_TIMING=1 st_row d-r2 r2 4GiB
+        grep -E "1-token graphs" "$RES/d-r2.log" | tail -3 | cut -c1-400 || true
+    fi
+    s15trace t-r2 r2 4GiB 32 --split-tune false
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s15ab (carry dist with the source tarball, and .whl/lead12): the CUDA
+# module with patch 0036, saved to $OUT in parts; R2 at 4 GiB with the
+# expert copies batched and not, interleaved; the greedy text of both.
+s15build() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
+    rm -f dist/lib/libggml-cuda.so
+    ( time JOBS=16 bash dist/build-cuda.sh dist 90 --native-cpu ) > "$RES/build-cuda.log" 2>&1 \
+        || { tail -30 "$RES/build-cuda.log"; exit 1; }
+    tail -3 "$RES/build-cuda.log"
+    zsave_modules
+    mkdir -p /root/cudalib && cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so /root/cudalib/
+    echo "built at ${SECONDS} s"
+}
+s15row() { # NAME BATCH [EXTRA...]: st_row on R2 at 4 GiB with the scheduler's timing, batched copies on (1) or off (0)
+    local name=$1 b=$2; shift 2
+    GGML_SCHED_TIMING=1 GGML_SCHED_BATCH_COPIES=$b PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' st_row "$name" r2 4GiB "$@"
+    grep -E "1-token graphs" "$RES/$name.log" | tail -2 | sed -E "s/^.*graphs over 32: //; s/^/$name: /" | cut -c1-330 || true
+}
+s15text() { # NAME BATCH [EXTRA...]: R2's greedy text at 4 GiB
+    local name=$1 b=$2; shift 2
+    GGML_SCHED_BATCH_COPIES=$b timeout 90 $P run -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" -c 4352 \
+        -t 16 -fa on -n 48 --temp 0 --ignore-eos -p "The history of the printing press begins" "$@" > "$RES/$name.out" \
+        2> "$RES/$name.log" || echo "$name failed: $?"
+    grep -E "decode split|^error" "$RES/$name.log" | cut -c1-300 || true
+}
+s15ab() {
+    [[ -n ${S15_NOBUILD:-} ]] || s15build
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep > /dev/null
+    echo "prepared at ${SECONDS} s"
+    local i
+    for i in 1 2; do
+        s15row b1-$i 1
+        s15row b0-$i 0
+        st_tar
+    done
+    s15text txt-b1 1
+    s15text txt-b0 0
+    cmp "$RES/txt-b1.out" "$RES/txt-b0.out" && echo "greedy text: identical ($(wc -c < "$RES/txt-b1.out") bytes)"
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s15diag2 (after zunstash of the 0036 build): R2 at 4 GiB with the
+# scheduler's timing at shares 5 and 6, then CUPTI traces of both.
+s15diag2() {
+    s15prep
+    s15row k5 1 --hybrid-experts 5
+    s15row k6 1 --hybrid-experts 6
+    st_tar
+    s15trace t-k5 r2 4GiB 16 --hybrid-experts 5
+    s15trace t-k6 r2 4GiB 16 --hybrid-experts 6
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s15diag3 (after zunstash of the 0036 build): R2 at 4 GiB, the planner's
+# choice, with and without ggml-cuda's CUDA graphs; 256 tokens with and
+# without the decode tier.
+s15diag3() {
+    s15prep
+    local i
+    for i in 1 2; do
+        s15row g1-$i 1
+        GGML_CUDA_DISABLE_GRAPHS=1 s15row g0-$i 1
+        st_tar
+    done
+    s14row256 n256-tier r2 4GiB
+    PIPESHARD_DECODE_TIER=0 s14row256 n256-notier r2 4GiB
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s15omp (after zunstash of the 0036 build): the CPU's part of R2's
+# experts at share 5 with OpenMP's threads spinning, and with fewer threads.
+s15omp() {
+    s15prep
+    local i
+    for i in 1 2; do
+        s15row o-base-$i 1 --hybrid-experts 5
+        OMP_WAIT_POLICY=active s15row o-active-$i 1 --hybrid-experts 5
+        ST_T=12 s15row o-t12-$i 1 --hybrid-experts 5
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s15p37 (after zunstash of the 0036 build; carry dist and .whl/s15): R2 at
+# 4 GiB with patch 0037 (dist) and without it (dist-old: 0036's
+# libggml-base), interleaved; the planner's choice, then share 6; the greedy
+# text of both.
+s15p37() {
+    s15prep
+    rm -rf dist-old && cp -a dist dist-old && cp .whl/s15/libggml-base-0036.so dist-old/lib/libggml-base.so.0.26.0
+    local i
+    for i in 1 2; do
+        s15row n-$i 1
+        P=dist-old/pipeshard s15row o-$i 1
+        st_tar
+    done
+    s15row n-k6 1 --hybrid-experts 6
+    P=dist-old/pipeshard s15row o-k6 1 --hybrid-experts 6
+    s15text txt-new 1
+    P=dist-old/pipeshard s15text txt-old 1
+    cmp "$RES/txt-new.out" "$RES/txt-old.out" && echo "greedy text: identical ($(wc -c < "$RES/txt-new.out") bytes)"
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s15slots (after zunstash of the 0036 build; carry dist): R2 at 4 GiB with
+# patch 0037 and more stream slots (more lookahead for the link, fewer
+# resident experts), at share 6 and at the planner's choice.
+s15slots() {
+    s15prep
+    s15row s4-k6 1 --hybrid-experts 6
+    s15row s6-k6 1 --hybrid-experts 6 --stream-slots 6
+    s15row s8-k6 1 --hybrid-experts 6 --stream-slots 8
+    st_tar
+    s15row s6 1 --stream-slots 6
+    s15row s4 1
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s15trace6 (after zunstash of the 0036 build; carry dist): CUPTI traces of
+# R2 at 4 GiB with patch 0037 at shares 6 and 5.
+s15trace6() {
+    s15prep
+    s15trace t6-k6 r2 4GiB 16 --hybrid-experts 6
+    s15trace t6-k5 r2 4GiB 16 --hybrid-experts 5
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s15final (after zunstash of the 0036 build; carry dist, .whl/lead12 and
+# .whl/s15): the final build (patches 0036 and 0037) against the same
+# binaries as session 14 ran them (dist-old: 0036's libggml-base with the
+# batched copies off, i.e. neither patch), interleaved; R1 at 2 GiB; the
+# greedy text at a fixed share; upstream's tg64 full GPU and fitted; the
+# server's four clients on R2.
+s15final() {
+    s15prep
+    rm -rf dist-old && cp -a dist dist-old && cp .whl/s15/libggml-base-0036.so dist-old/lib/libggml-base.so.0.26.0
+    local ST_LIMIT=${ST_LIMIT:-570} i
+    for i in 1 2; do
+        s15row f-r2-new-$i 1
+        P=dist-old/pipeshard s15row f-r2-old-$i 0
+        st_tar
+    done
+    st_row f-r1 r1 2GiB; st_tar
+    s15text f-txt-new 1 --hybrid-experts 5
+    P=dist-old/pipeshard s15text f-txt-old 0 --hybrid-experts 5
+    cmp "$RES/f-txt-new.out" "$RES/f-txt-old.out" && echo "greedy text at share 5: identical ($(wc -c < "$RES/f-txt-new.out") bytes)"
+    echo "rows done at ${SECONDS} s"
+    st_time 40 && { st_up f-up-r2-full r2 full; st_tar; }
+    st_time 40 && { st_up f-up-r1-full r1 full; st_tar; }
+    st_time 50 && { st_up f-up-r2-fit r2 4096; st_tar; }
+    st_time 50 && { st_up f-up-r1-fit r1 2048; st_tar; }
+    export SMI=0
+    st_time 120 && { ROUNDS=2 bash scripts/device/server-bench.sh r2_4 f-srv-r2-4 --vram-budget 4GiB || true; st_tar; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s15rebuild (carry dist with the source tarball): the CUDA module with the
+# final patch 0036 (a failed batch falls back to single copies), saved to
+# $OUT in parts; one R2 row and the greedy text with and without batches.
+s15rebuild() {
+    s15build
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep > /dev/null
+    echo "prepared at ${SECONDS} s"
+    s15row r-r2 1
+    s15text r-txt-b1 1 --hybrid-experts 5
+    s15text r-txt-b0 0 --hybrid-experts 5
+    cmp "$RES/r-txt-b1.out" "$RES/r-txt-b0.out" && echo "greedy text at share 5: identical ($(wc -c < "$RES/r-txt-b1.out") bytes)"
     echo "done at ${SECONDS} s"
     st_tar
 }
