@@ -3195,4 +3195,16 @@ s15rebuild() {
     st_tar
 }
 
+# s15half (after zunstash; carry dist): R2 at 4 GiB with the half-step
+# share in the run-time tuner (every other hybrid layer one expert more).
+# That build was not merged: its diff is in
+# bench/results/session15/c12-half-h200/half-step-not-merged.diff.
+s15half() {
+    s15prep
+    local i
+    for i in 1 2 3; do s15row h-r2-$i 1; st_tar; done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
