@@ -30,6 +30,15 @@ def union_mask(intervals, t0, n):
     return m
 
 
+def tally(records, name):
+    """Count and total duration (ns) of records by name(record)."""
+    count, total = collections.Counter(), collections.Counter()
+    for r in records:
+        count[name(r)] += 1
+        total[name(r)] += r[1] - r[0]
+    return count, total
+
+
 def main():
     path, tokens = sys.argv[1], int(sys.argv[2])
     detail_us = int(sys.argv[3]) if len(sys.argv) > 3 else 900
@@ -40,6 +49,7 @@ def main():
     copies = [c for c in copies if c[0] >= start]
     api = [a for a in api if a[0] >= start]
     end = max([k[1] for k in kernels] + [c[1] for c in copies])
+    api = [a for a in api if a[1] <= end]  # not the teardown after the last step
     main_thread = collections.Counter(a[2] for a in api).most_common(1)[0][0]
     mine = [a for a in api if a[2] == main_thread]
     n = (end - start) // 1000 + 1
@@ -62,22 +72,14 @@ def main():
     gpu = union_mask([(k[0], k[1]) for k in kernels], start, n)
     print(f"  kernels: {per(len(kernels)):.0f} per token, busy {per(gpu.sum()) / 1e3:.2f} ms "
           f"(compute stream {comp_stream})")
-    by = collections.Counter()
-    k_us = collections.Counter()
-    for k in kernels:
-        by[kind(k[3])] += 1
-        k_us[kind(k[3])] += k[1] - k[0]
+    by, k_us = tally(kernels, lambda k: kind(k[3]))
     print("    " + ", ".join(f"{name} {per(cnt):.0f}x {per(k_us[name]) / 1e3:.0f} us"
                              for name, cnt in by.most_common(12)))
 
     in_api = union_mask([(a[0], a[1]) for a in mine], start, n)
     print(f"  host thread {main_thread}: {per(len(mine)):.0f} runtime calls, in them "
           f"{per(in_api.sum()) / 1e3:.2f} ms per token; in its own code {per((~in_api).sum()) / 1e3:.2f} ms")
-    calls = collections.Counter()
-    call_ns = collections.Counter()
-    for a in mine:
-        calls[a[3]] += 1
-        call_ns[a[3]] += a[1] - a[0]
+    calls, call_ns = tally(mine, lambda a: a[3])
     for name, ns in call_ns.most_common(10):
         print(f"    {name}: {per(calls[name]):.0f} calls, {per(ns) / 1e3:.0f} us per token "
               f"({ns / calls[name] / 1e3:.1f} us each)")
