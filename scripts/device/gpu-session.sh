@@ -3207,4 +3207,17 @@ s15half() {
     st_tar
 }
 
+# s15srv (after zunstash; carry dist): R2's four clients through the server
+# at 4 GiB (three rounds), then upstream's own MoE placement (--cpu-moe -ngl
+# 99, no budget) in the same server, on one host.
+s15srv() {
+    s15prep
+    export SMI=0
+    ROUNDS=3 bash scripts/device/server-bench.sh r2_4 v-r2-4 --vram-budget 4GiB || true
+    st_tar
+    ROUNDS=2 bash scripts/device/server-bench.sh r2_4 v-r2-4-up-cpumoe --cpu-moe -ngl 99 || true
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
