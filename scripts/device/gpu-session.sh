@@ -3220,4 +3220,18 @@ s15srv() {
     st_tar
 }
 
+# s15check (after zunstash; carry dist): the review's build of patches 0036
+# and 0037 (the batch held by the caller, one prefetch loop): R2 rows and
+# the greedy text with batches on and off.
+s15check() {
+    s15prep
+    s15row k-r2-1 1
+    s15row k-r2-2 1
+    s15text k-txt-b1 1 --hybrid-experts 5
+    s15text k-txt-b0 0 --hybrid-experts 5
+    cmp "$RES/k-txt-b1.out" "$RES/k-txt-b0.out" && echo "greedy text at share 5: identical ($(wc -c < "$RES/k-txt-b1.out") bytes)"
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
