@@ -3234,4 +3234,139 @@ s15check() {
     st_tar
 }
 
+
+# Session 16, issue 16 part 3 (R2's decode at 4 GiB): the CPU's share of a
+# layer. s16build (carry dist with both source tarballs and cpu-experts):
+# the CUDA and native CPU modules and upstream's pristine llama-bench, saved
+# to $OUT (modules in parts, upbench.tar.xz); then the CPU's expert graph
+# alone (scripts/device/cpu-experts.c) at 16 and 8 threads, and R2 at 4 GiB
+# with the scheduler's timing at the planner's choice.
+s16micro() { # NAME THREADS GAP_US
+    timeout 120 dist/cpu-experts dist/lib/libggml-cpu.so "$2" "${S16_ITERS:-300}" "$3" > "$RES/$1.txt" 2>&1 || echo "$1 failed: $?"
+    cat "$RES/$1.txt"
+}
+s16build() {
+    ZUPSTREAM=1 zprep
+    zsave_modules
+    tar -C dist/upstream/bin --exclude=libggml-cuda.so --exclude=libggml-cpu.so -cJf "$OUT/upbench.tar.xz" .
+    mkdir -p /root/cudalib && cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so /root/cudalib/
+    echo "built at ${SECONDS} s"
+    s16micro m-t16-g150 16 150
+    s16micro m-t8-g150 8 150
+    s16micro m-t16-g0 16 0
+    st_tar
+    st_time 100 && s15row b-r2 1
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s16d2h (no carry): what reading a layer's router results back costs the
+# host, copy by copy against one kernel (scripts/device/d2h-latency.cu).
+s16d2h() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
+    PATH=$PATH:/usr/local/cuda/bin nvcc -O2 -std=c++17 -arch=sm_90 scripts/device/d2h-latency.cu -o /root/d2h-latency \
+        && /root/d2h-latency 2000 | tee "$RES/d2h-latency.txt"
+    st_tar
+}
+
+# s16ab (carry .stash and .whl/s16: dist.tar.xz, this branch's build
+# without upstream/, the source tarball, the server and the CPU module;
+# upbench.tar.xz from s16build): R2 at 4 GiB with patch 0038's batched reads
+# on and off (GGML_SCHED_BATCH_READS=0), interleaved, at the planner's choice
+# and at 5 and 6 GPU experts; the greedy text of both; upstream's tg64.
+s16prep_dist() {
+    mkdir -p dist && tar -xJf .whl/s16/dist.tar.xz -C dist
+    cp scripts/device/build-upstream-bench.sh dist/
+}
+s16prep() {
+    [[ -x dist/pipeshard ]] || s16prep_dist
+    [[ -f /root/cudalib/libggml-cuda.so ]] || zunstash > /dev/null
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    [[ -x dist/upstream/bin/llama-bench ]] || { mkdir -p dist/upstream/bin && tar -C dist/upstream/bin -xJf .whl/s16/upbench.tar.xz; }
+    ZUPSTREAM=0 zprep > /dev/null
+    cat "$RES/machine.txt"
+    echo "prepared at ${SECONDS} s"
+}
+s16row() { # NAME READS [EXTRA...]: s15row with patch 0038's batched reads on (1) or off (0)
+    local name=$1 r=$2; shift 2
+    GGML_SCHED_BATCH_READS=$r s15row "$name" 1 "$@"
+}
+s16ab() {
+    s16prep
+    local ST_LIMIT=${ST_LIMIT:-560} i k
+    for i in 1 2 3; do
+        s16row a-on-$i 1
+        s16row a-off-$i 0
+        st_tar
+    done
+    for k in 5 6; do
+        for i in 1 2; do
+            s16row k$k-on-$i 1 --hybrid-experts $k
+            s16row k$k-off-$i 0 --hybrid-experts $k
+        done
+        st_tar
+    done
+    GGML_SCHED_BATCH_READS=1 s15text txt-on 1 --hybrid-experts 5
+    GGML_SCHED_BATCH_READS=0 s15text txt-off 1 --hybrid-experts 5
+    cmp "$RES/txt-on.out" "$RES/txt-off.out" && echo "greedy text at share 5: identical ($(wc -c < "$RES/txt-on.out") bytes)"
+    echo "rows done at ${SECONDS} s"
+    st_time 40 && { st_up up-r2-full r2 full; st_tar; }
+    st_time 50 && { st_up up-r2-fit r2 4096; st_tar; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s16final (carry .stash and .whl/s16, which also holds pristine.tar.gz,
+# pack.sh's upstream source): upstream's pristine llama-bench built here
+# (16 jobs), then on one host R2 at 4 GiB with patch 0038's batched reads on
+# and off, interleaved, at the planner's choice; R1 at 2 GiB; upstream's
+# tg64 @ d4096 on the full GPU and fitted in each budget; more R2 pairs
+# while the call's time allows.
+s16final() {
+    mkdir -p dist/upstream && cp .whl/s16/pristine.tar.gz dist/upstream/llama.cpp-pristine.tar.gz
+    s16prep_dist
+    ( time JOBS=16 bash scripts/device/build-upstream-bench.sh dist ) > "$RES/build-upstream.log" 2>&1 \
+        || { tail -20 "$RES/build-upstream.log"; exit 1; }
+    tail -3 "$RES/build-upstream.log"
+    s16prep
+    local ST_LIMIT=${ST_LIMIT:-570} i
+    export ST_LIMIT
+    for i in 1 2 3; do
+        s16row f-r2-on-$i 1
+        s16row f-r2-off-$i 0
+        st_tar
+    done
+    st_row f-r1 r1 2GiB; st_tar
+    st_up f-up-r2-full r2 full; st_tar
+    st_up f-up-r1-full r1 full; st_tar
+    st_up f-up-r2-fit r2 4096; st_tar
+    st_up f-up-r1-fit r1 2048; st_tar
+    for i in 4 5 6; do
+        st_time 40 || break
+        s16row f-r2-on-$i 1
+        s16row f-r2-off-$i 0
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s16h100 (carry as s16final, on an H100 host): s16final's rows in 330 s.
+s16h100() {
+    ST_LIMIT=330 s16final
+}
+# s16bind (carry as s16ab): R2 at 4 GiB with OpenMP's threads bound to cores
+# (OMP_PROC_BIND=close OMP_PLACES=cores) and not, interleaved.
+s16bind() {
+    s16prep
+    local i
+    for i in 1 2 3; do
+        OMP_PROC_BIND=close OMP_PLACES=cores s16row b-bind-$i 1
+        s16row b-free-$i 1
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
