@@ -3369,4 +3369,17 @@ s16bind() {
     st_tar
 }
 
+# s16srv (carry .stash and .whl/s16, whose dist.tar.xz then holds the
+# server too): R2's four clients through pipeshard-server at 4 GiB (two
+# rounds after the first), patch 0038's batched reads on, then off.
+s16srv() {
+    s16prep
+    export SMI=0
+    ROUNDS=3 bash scripts/device/server-bench.sh r2_4 v-r2-4-on --vram-budget 4GiB || true
+    st_tar
+    GGML_SCHED_BATCH_READS=0 ROUNDS=3 bash scripts/device/server-bench.sh r2_4 v-r2-4-off --vram-budget 4GiB || true
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
