@@ -3234,7 +3234,6 @@ s15check() {
     st_tar
 }
 
-
 # Session 16, issue 16 part 3 (R2's decode at 4 GiB): the CPU's share of a
 # layer. s16build (carry dist with both source tarballs and cpu-experts):
 # the CUDA and native CPU modules and upstream's pristine llama-bench, saved
