@@ -3381,4 +3381,20 @@ s16srv() {
     st_tar
 }
 
+# s16streams (carry as s16ab): R2 at 4 GiB with the routed experts' copies
+# on one copy stream (GGML_SCHED_COPY_STREAMS=1) and on two (the default),
+# interleaved: with batched copies (patch 0036), is the second stream still
+# worth its extra batch call at each prefetch?
+s16streams() {
+    s16prep
+    local i
+    for i in 1 2 3 4; do
+        GGML_SCHED_COPY_STREAMS=1 s16row s1-$i 1
+        s16row s2-$i 1
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
