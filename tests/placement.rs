@@ -4,7 +4,8 @@
 //! schedule of patch 0003 (the scheduler's own code): slot rotation and the
 //! order of copies, events and computes; and that the hybrid-expert hooks
 //! of patches 0005/0006 change nothing without a GPU. And the dense row
-//! split of patch 0017 on the CPU alone: the same rows, split in two ops.
+//! split of patch 0017 on the CPU alone: the same rows, split in two ops;
+//! with patch 0039 the CPU's rows from its repacked copy of the weight.
 
 mod common;
 
@@ -348,6 +349,74 @@ fn row_split_on_the_cpu_computes_the_same_rows() {
     assert!(
         asked.keys().all(|k| !k.contains("attn") && !k.contains("output")),
         "only feed-forward weights split: {asked:?}"
+    );
+}
+
+#[test]
+fn row_split_from_repacked_cpu_copies_computes_the_same_rows() {
+    // Patch 0039 without a GPU: a Q4_0 model with every weight in plain CPU
+    // buffers, loaded once as is and once with repacked CPU copies of its
+    // feed-forward weights (CPU_REPACK, interleaved 8x8). Split by rows as
+    // in patch 0017, the CPU's first rows of each weight come from the copy:
+    // the same dot products over the same Q8_0 activations, summed in
+    // another order. So the logits differ from the plain split's (which
+    // shows the copies are used) by no more than twice what llama.cpp's own
+    // repacking of the weights changes (0.022 at logits up to 1.8 here),
+    // and the greedy tokens are the same. A part taken from the wrong place
+    // in the interleaved layout would compute other rows.
+    pipeshard::engine::init(None).unwrap();
+    let dir = common::scratch_dir("cpu-copies");
+    let path = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", pipeshard::synth::Quant::Q4_0);
+    let cpu = buffer_types().into_iter().find(|b| b.name() == "CPU").unwrap();
+    let load = |repack: bool, copies: bool| {
+        Model::load(
+            &path,
+            ModelParams {
+                n_gpu_layers: 0,
+                placement: Some(Arc::new(move |_: &str| Some(cpu))),
+                // Without it, the weights stay in plain CPU buffers.
+                repack,
+                cpu_weight_copies: copies,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let asked = Arc::new(Mutex::new(0u32));
+    let counter = asked.clone();
+    let policy: RowSplitPolicy = Arc::new(move |_name: &str, rows: u64, _n_tokens: u32| {
+        *counter.lock().unwrap() += 1;
+        rows / 32 * 11 / 32 * 32
+    });
+    let params = ContextParams {
+        row_split: Some(policy),
+        ..common::small_context_params()
+    };
+    let run = |model: &Model| {
+        let prompt = model.tokenize(&"the quick brown fox ".repeat(8), true, false).unwrap();
+        let req = GenerateRequest::new(prompt.clone(), 12, SamplingParams::greedy());
+        let mut ctx = Context::new(model, params.clone()).unwrap();
+        let tokens = generate(&mut ctx, &req, |_| true).unwrap().tokens;
+        ctx.clear();
+        ctx.decode_tokens(&prompt, 0, true).unwrap();
+        (tokens, ctx.logits(-1).unwrap().to_vec())
+    };
+    let (plain_tokens, plain) = run(&load(false, false));
+    let (copied_tokens, copied) = run(&load(false, true));
+    // The reference for rounding: llama.cpp's own repacking of every weight
+    // it can (a CPU choice with use_extra_bufts), against the plain weights.
+    let (_, repacked) = run(&load(true, false));
+    assert!(*asked.lock().unwrap() > 0, "the split policy was never asked");
+    assert_eq!(plain_tokens, copied_tokens);
+    let max_diff = |x: &[f32]| plain.iter().zip(x).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let (diff, upstream) = (max_diff(&copied), max_diff(&repacked));
+    assert!(
+        diff > 0.0,
+        "the logits are bit for bit the plain weights': the copies were not used"
+    );
+    assert!(
+        diff <= 2.0 * upstream,
+        "max |logit diff| {diff} from the copies against {upstream} from llama.cpp's own repacking"
     );
 }
 

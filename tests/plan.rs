@@ -937,6 +937,71 @@ fn r2_hybrid_share_on_the_h200_profile_is_the_one_measured_fastest() {
     assert!(k5 < k4 && k4 < k6 && k6 < k3, "3: {k3}, 4: {k4}, 5: {k5}, 6: {k6}");
 }
 
+/// Patch 0039: the CPU computes its part of hybrid experts and of a dense
+/// row split from repacked copies of those host weights, where host memory
+/// holds them beside the host weights (2 GiB to spare). R2 at 4 GiB splits
+/// the experts of every layer whose three expert tensors stay in host
+/// memory, so the copies are their bytes (14.6 GiB); R1 at 2 GiB splits its
+/// host feed-forward weights by rows. A plan without a CPU part (exact, or
+/// the split forced off), `--cpu-copies false`, or a host without the
+/// memory gets none; a host of unknown memory is not checked.
+#[test]
+fn split_weights_get_cpu_copies_where_host_memory_holds_them() {
+    let profile = h200_profile();
+    let info = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();
+    let plan_with = |f: &dyn Fn(&mut PlanRequest)| {
+        let mut req = reference_request(4 * GIB, 64);
+        f(&mut req);
+        plan::make_plan(&info, &profile, &req).unwrap()
+    };
+    let p = plan_with(&|_| {});
+    assert!(p.hybrid_gpu_experts > 0);
+    assert!(p.cpu_weight_copies);
+    // The layers whose three expert tensors all stay in host memory.
+    let mut layers: std::collections::BTreeMap<u32, Vec<(bool, u64)>> = Default::default();
+    for t in p.tensors.iter().filter(|t| t.name.contains("_exps")) {
+        layers.entry(t.layer.unwrap()).or_default().push((t.resident, t.bytes));
+    }
+    let host_experts: u64 = layers
+        .values()
+        .filter(|ts| ts.len() == 3 && ts.iter().all(|&(resident, _)| !resident))
+        .flat_map(|ts| ts.iter().map(|&(_, b)| b))
+        .sum();
+    assert_eq!(p.cpu_copy_bytes(), host_experts);
+    assert!(p.cpu_copy_bytes() > 14 * GIB && p.host_bytes() > p.cpu_copy_bytes());
+    assert!(plan::render(&p, plan::Format::Table).contains("CPU copies"));
+
+    let need = p.host_bytes() + p.cpu_copy_bytes() + 2 * GIB;
+    assert!(plan_with(&|r| r.host_available = Some(need)).cpu_weight_copies);
+    assert!(!plan_with(&|r| r.host_available = Some(need - 1)).cpu_weight_copies);
+    assert!(!plan_with(&|r| r.cpu_copies = false).cpu_weight_copies);
+    assert!(!plan_with(&|r| r.exact = true).cpu_weight_copies);
+    let off = plan_with(&|r| r.hybrid_gpu_experts = Some(0));
+    assert_eq!(off.hybrid_gpu_experts, 0);
+    assert!(!off.cpu_weight_copies);
+    assert!(!plan::render(&off, plan::Format::Table).contains("CPU copies"));
+
+    // R1: the weights split by rows, each copied whole.
+    let r1 = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+    let r1_with = |f: &dyn Fn(&mut PlanRequest)| {
+        let mut req = reference_request(2 * GIB, 64);
+        f(&mut req);
+        plan::make_plan(&r1, &profile, &req).unwrap()
+    };
+    let d = r1_with(&|_| {});
+    assert!(d.row_split_share > 0.0);
+    assert!(d.cpu_weight_copies);
+    let split: u64 = d
+        .tensors
+        .iter()
+        .filter(|t| !t.gpu_share.is_empty())
+        .map(|t| t.bytes)
+        .sum();
+    assert_eq!(d.cpu_copy_bytes(), split);
+    assert!(split > GIB);
+    assert!(!r1_with(&|r| r.dense_split = Some(0.0)).cpu_weight_copies);
+}
+
 #[test]
 fn the_first_ubatchs_mask_costs_what_patch_0032_leaves_of_it() {
     // The host fills a ubatch's attention mask before its graph starts,

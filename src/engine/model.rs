@@ -40,6 +40,11 @@ pub struct ModelParams<'a> {
     /// of any weight it moves away. Without it, llama.cpp keeps one buffer
     /// per buffer type, freed only when every weight in it has moved.
     pub movable_weights: bool,
+    /// Give each feed-forward and MoE expert weight in a GPU's host buffer a
+    /// copy in the CPU's repacking buffer type (patch 0039), which the CPU's
+    /// part of hybrid experts and of a dense row split computes with: faster
+    /// CPU kernels for as much host memory again.
+    pub cpu_weight_copies: bool,
 }
 
 impl Default for ModelParams<'_> {
@@ -54,6 +59,7 @@ impl Default for ModelParams<'_> {
             no_alloc: false,
             repack: true,
             movable_weights: false,
+            cpu_weight_copies: false,
         }
     }
 }
@@ -140,6 +146,7 @@ impl Model {
         mp.no_alloc = params.no_alloc;
         mp.use_extra_bufts = params.repack;
         mp.movable_weights = params.movable_weights;
+        mp.cpu_weight_copies = params.cpu_weight_copies;
         let placement = params.placement.take();
         if let Some(pl) = &placement {
             mp.tensor_buft_cb = Some(tensor_buft_trampoline);

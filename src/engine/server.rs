@@ -91,6 +91,7 @@ impl ModelParams<'static> {
             no_alloc: mp.no_alloc,
             repack: mp.use_extra_bufts,
             movable_weights: mp.movable_weights,
+            cpu_weight_copies: mp.cpu_weight_copies,
             ..Default::default()
         }
     }
@@ -100,6 +101,7 @@ impl ModelParams<'static> {
     fn write_c_placed(self, mp: &mut ffi::llama_model_params) {
         mp.n_gpu_layers = self.n_gpu_layers;
         mp.movable_weights = self.movable_weights;
+        mp.cpu_weight_copies = self.cpu_weight_copies;
         if !self.use_mmap && matches!(mp.load_mode, ffi::LLAMA_LOAD_MODE_MMAP | ffi::LLAMA_LOAD_MODE_AUTO) {
             mp.load_mode = ffi::LLAMA_LOAD_MODE_NONE;
         }

@@ -266,10 +266,21 @@ pub fn plan_request(
         && !req.options.follows_card()
         && req.draft.is_none()
         && req.side_contexts.is_empty();
+    pr.cpu_copies = req.options.cpu_copies;
+    pr.host_available = host_available();
     pr.vision_peak = req.vision.peak;
     let overhead = ProcessOverhead::for_machine(Some(profile), pr.n_ctx);
     pr.reserve = overhead.total() + req.vision.resident;
     (pr, overhead)
+}
+
+/// Host memory available to this process now: Linux's MemAvailable, which
+/// counts the page cache that can be dropped (None elsewhere).
+fn host_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
 }
 
 /// The plan for `req`'s model loaded with `mp` into a context made with

@@ -74,6 +74,13 @@ pub struct PipeshardOptions {
     #[arg(long = "decode-tier", env = "PIPESHARD_DECODE_TIER", default_value_t = true,
           action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub decode_tier: bool,
+    /// Hybrid experts and dense row split: the CPU computes its part from
+    /// copies of those host weights in its repacked layout (made at load,
+    /// as much host memory again), where host memory holds them; `false`
+    /// computes with the weights in place.
+    #[arg(long = "cpu-copies", env = "PIPESHARD_CPU_COPIES", default_value_t = true,
+          action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub cpu_copies: bool,
 }
 
 impl Default for PipeshardOptions {
@@ -90,6 +97,7 @@ impl Default for PipeshardOptions {
             exact: false,
             split_tune: true,
             decode_tier: true,
+            cpu_copies: true,
         }
     }
 }

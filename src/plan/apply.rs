@@ -27,6 +27,8 @@ pub struct Applied {
     pub n_gpu_layers: i32,
     /// Host weights must be pinned to stream fast, which needs mmap off.
     pub use_mmap: bool,
+    /// Repacked CPU copies of the host expert weights (patch 0039).
+    pub cpu_weight_copies: bool,
     pub n_ubatch: u32,
     /// Streaming slots for the context (patch 0003); 0: synchronous copies.
     pub stream_slots: u32,
@@ -46,6 +48,7 @@ impl Applied {
     pub fn configure_model(&self, params: &mut ModelParams<'_>) {
         params.n_gpu_layers = self.n_gpu_layers;
         params.use_mmap = self.use_mmap;
+        params.cpu_weight_copies = self.cpu_weight_copies;
         params.placement = Some(self.placement.clone());
     }
 
@@ -97,6 +100,7 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
             plan.kv_gpu_layers as i32
         },
         use_mmap: !plan.pinned,
+        cpu_weight_copies: plan.cpu_weight_copies,
         n_ubatch: plan.ubatch,
         stream_slots: plan.stream_slots,
         stream_routed_max: plan.stream_routed_max,

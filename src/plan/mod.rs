@@ -187,6 +187,13 @@ pub struct PlanRequest {
     /// Plan a decode tier ([`DecodeTier`]): more weights resident while
     /// decoding, in the memory the prompt's compute buffers free.
     pub decode_tier: bool,
+    /// Let the CPU compute its part of hybrid experts and of a dense row
+    /// split from repacked copies of those host weights
+    /// ([`Plan::cpu_weight_copies`]) where host memory holds them.
+    pub cpu_copies: bool,
+    /// Host memory available to the process now (Linux's MemAvailable);
+    /// None: not known, not checked.
+    pub host_available: Option<u64>,
 }
 
 /// Two slots let one split's copy overlap the previous split's compute; a
@@ -222,6 +229,8 @@ impl PlanRequest {
             exact: false,
             kv_gpu_layers: None,
             decode_tier: true,
+            cpu_copies: true,
+            host_available: None,
         }
     }
 }
@@ -347,6 +356,12 @@ pub struct Plan {
     /// Every op on the GPU (see [`PlanRequest::exact`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub exact: bool,
+    /// The CPU computes its part of hybrid experts and of a dense row split
+    /// from copies of those host weights in its repacked layout (patch
+    /// 0039), made at load: [`Plan::cpu_copy_bytes`] more host memory for
+    /// faster CPU kernels.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cpu_weight_copies: bool,
     pub pinned: bool,
     pub vram: VramBreakdown,
     pub predicted: Prediction,
@@ -373,6 +388,21 @@ impl Plan {
     /// Bytes of resident weights.
     pub fn resident_bytes(&self) -> u64 {
         self.tensors.iter().filter(|t| t.resident).map(|t| t.vram_bytes).sum()
+    }
+
+    /// Bytes of host weights (pinned when the plan is).
+    pub fn host_bytes(&self) -> u64 {
+        self.tensors.iter().filter(|t| !t.resident).map(|t| t.bytes).sum()
+    }
+
+    /// Host bytes that repacked CPU copies take: every host weight that
+    /// runs [`Exec::Hybrid`] or [`Exec::Split`] in some tier.
+    pub fn cpu_copy_bytes(&self) -> u64 {
+        self.tensors
+            .iter()
+            .filter(|t| !t.resident && t.exec.iter().any(|&(_, e)| matches!(e, Exec::Hybrid | Exec::Split)))
+            .map(|t| t.bytes)
+            .sum()
     }
 
     /// Weight bytes copied to the GPU for one ubatch of `tier`: every host

@@ -270,6 +270,8 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 hybrid_gpu_experts: ev.hybrid_gpu_experts(&resident),
                 row_split_share: share,
                 exact: req.exact,
+                // Decided once the plan is chosen (cpu_weight_copies).
+                cpu_weight_copies: false,
                 pinned: req.pinned,
                 vram: VramBreakdown {
                     weights,
@@ -299,8 +301,28 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
         budget: req.budget,
         minimum,
     })?;
+    plan.cpu_weight_copies = cpu_weight_copies(req, &plan);
     if req.decode_tier {
         plan.decode_tier = super::decode_tier::decode_tier(model, &cm, req, &plan);
     }
     Ok(plan)
+}
+
+/// Host memory left free beside the weights and their CPU copies.
+const HOST_MARGIN: u64 = 2 << 30;
+
+/// Whether the weights the CPU computes a part of (hybrid experts, dense
+/// row split) get repacked CPU copies (patch 0039): only where it computes
+/// some, and where host memory holds the copies beside the host weights
+/// with [`HOST_MARGIN`] to spare. The CPU's repacked kernels ran its share
+/// of an R2 layer's experts 1.3-1.7x as fast (`bench/results/session17/`).
+fn cpu_weight_copies(req: &PlanRequest, plan: &Plan) -> bool {
+    if !req.cpu_copies || plan.exact || (plan.hybrid_gpu_experts == 0 && plan.row_split_share <= 0.0) {
+        return false;
+    }
+    let copies = plan.cpu_copy_bytes();
+    copies > 0
+        && req
+            .host_available
+            .map_or(true, |avail| plan.host_bytes() + copies + HOST_MARGIN <= avail)
 }

@@ -138,6 +138,13 @@ fn table(plan: &Plan) -> String {
             plan.row_split_share * 100.0
         );
     }
+    if plan.cpu_weight_copies {
+        let _ = writeln!(
+            s,
+            "CPU copies: the CPU computes its part from copies of those weights in its repacked layout, {} of host memory beside them",
+            fmt_bytes(plan.cpu_copy_bytes())
+        );
+    }
     if plan.stream_routed_max > 0 {
         let _ = writeln!(
             s,

@@ -78,6 +78,9 @@ pub const HELP: &str = "\
                              first decode steps served: the plan's share and its neighbours
                              are timed and the fastest kept (default: true; a share given
                              above is kept) (env: PIPESHARD_SPLIT_TUNE)
+--cpu-copies BOOL            hybrid experts and row split: the CPU computes its part from
+                             repacked copies of those host weights, where host memory holds
+                             them (default: true) (env: PIPESHARD_CPU_COPIES)
 --vision-stream-slots N      streaming slots of the vision encoder's weights, 0-8
                              (default: 4) (env: PIPESHARD_VISION_STREAM_SLOTS)
 --exact                      GPU math only (host weights streamed, never computed on the CPU):
