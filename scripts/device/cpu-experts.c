@@ -10,7 +10,11 @@
 //   addN    N chained ADDs of 2048 floats (what a graph and its barriers cost)
 // Between two graphs the host spins GAP us, as it waits for the GPU in a step.
 //   gcc -O2 -I<ggml>/include cpu-experts.c -L<lib> -lggml -lggml-base -o cpu-experts
-//   cpu-experts CPU_MODULE.so THREADS ITERS GAP_US
+//   cpu-experts CPU_MODULE.so THREADS ITERS GAP_US [plain|plain-thp|repack|repack-thp]
+// With "repack" the experts live in the CPU module's repacking buffer type
+// (Q4_0 interleaved 8x8 for its AVX2/AVX-512 GEMV), as llama.cpp's CPU-only
+// loads do, instead of a plain host buffer as the hybrid experts' are;
+// "-thp" asks for transparent huge pages for them (madvise).
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -19,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 static double now_us(void) {
@@ -47,17 +52,15 @@ struct bench {
     double               gap_us;
 };
 
+// one set of the whole tensor: the repacking buffer type takes no partial sets
 static void fill_random(struct ggml_tensor * t) {
     const size_t n = ggml_nbytes(t);
-    uint64_t * buf = malloc(1 << 20);
-    for (size_t off = 0; off < n; off += 1 << 20) {
-        const size_t m = n - off < (1 << 20) ? n - off : (1 << 20);
-        for (size_t i = 0; i < (m + 7) / 8; i++) {
-            // Q4_0 blocks start with an fp16 scale: keep it finite (exponent below 31)
-            buf[i] = next() & 0xbfffbfffbfffbfffull;
-        }
-        ggml_backend_tensor_set(t, buf, off, m);
+    uint64_t * buf = malloc(n + 8);
+    for (size_t i = 0; i < (n + 7) / 8; i++) {
+        // Q4_0 blocks start with an fp16 scale: keep it finite (exponent below 31)
+        buf[i] = next() & 0xbfffbfffbfffbfffull;
     }
+    ggml_backend_tensor_set(t, buf, 0, n);
     free(buf);
 }
 
@@ -135,13 +138,37 @@ int main(int argc, char ** argv) {
     b.up      = ggml_new_tensor_3d(wctx, GGML_TYPE_Q4_0, N_EMBD, N_FF, N_EXPERT);
     b.gate    = ggml_new_tensor_3d(wctx, GGML_TYPE_Q4_0, N_EMBD, N_FF, N_EXPERT);
     b.down    = ggml_new_tensor_3d(wctx, GGML_TYPE_Q4_0, N_FF, N_EMBD, N_EXPERT);
-    b.cur     = ggml_new_tensor_3d(wctx, GGML_TYPE_F32, N_EMBD, 1, 1);
-    b.sel     = ggml_new_tensor_2d(wctx, GGML_TYPE_I32, N_USED, 1);
-    b.weights = ggml_new_tensor_3d(wctx, GGML_TYPE_F32, 1, N_USED, 1);
-    ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors(wctx, b.cpu);
-    if (wbuf == NULL) {
+    ggml_backend_buffer_type_t wbuft = ggml_backend_get_default_buffer_type(b.cpu);
+    if (argc > 5 && strncmp(argv[5], "repack", 6) == 0) {
+        ggml_backend_dev_get_extra_bufts_t get_extra =
+            (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
+        ggml_backend_buffer_type_t * extra = get_extra ? get_extra(ggml_backend_reg_dev_get(reg, 0)) : NULL;
+        for (; extra && *extra; extra++) {
+            if (strstr(ggml_backend_buft_name(*extra), "REPACK")) {
+                wbuft = *extra;
+            }
+        }
+    }
+    printf("experts in %s\n", ggml_backend_buft_name(wbuft));
+    // the experts in one buffer, the activations, ids and weights in a plain one
+    struct ggml_init_params ap = { ggml_tensor_overhead() * 8, NULL, true };
+    struct ggml_context * actx = ggml_init(ap);
+    b.cur     = ggml_new_tensor_3d(actx, GGML_TYPE_F32, N_EMBD, 1, 1);
+    b.sel     = ggml_new_tensor_2d(actx, GGML_TYPE_I32, N_USED, 1);
+    b.weights = ggml_new_tensor_3d(actx, GGML_TYPE_F32, 1, N_USED, 1);
+    ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, wbuft);
+    ggml_backend_buffer_t abuf = ggml_backend_alloc_ctx_tensors(actx, b.cpu);
+    if (wbuf == NULL || abuf == NULL) {
         fprintf(stderr, "cannot allocate the weights\n");
         return 1;
+    }
+    if (argc > 5 && strstr(argv[5], "-thp")) {
+        // huge pages for the experts, before the first touch (as patch 0039 asks for its copies)
+        const uintptr_t page  = 2u << 20;
+        const uintptr_t base  = (uintptr_t) ggml_backend_buffer_get_base(wbuf);
+        const uintptr_t begin = (base + page - 1) & ~(page - 1);
+        const uintptr_t end   = (base + ggml_backend_buffer_get_size(wbuf)) & ~(page - 1);
+        printf("madvise(MADV_HUGEPAGE): %d\n", end > begin ? madvise((void *) begin, end - begin, MADV_HUGEPAGE) : -1);
     }
     fill_random(b.up);
     fill_random(b.gate);
@@ -196,7 +223,9 @@ int main(int argc, char ** argv) {
     }
     ggml_gallocr_free(ga);
     ggml_backend_buffer_free(wbuf);
+    ggml_backend_buffer_free(abuf);
     ggml_free(wctx);
+    ggml_free(actx);
     ggml_backend_free(b.cpu);
     return 0;
 }

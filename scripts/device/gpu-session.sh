@@ -3397,4 +3397,269 @@ s16streams() {
     st_tar
 }
 
+
+# s17micro (carry .whl/s17micro: micro.tar.xz = cpu-experts, libggml, libggml-base
+# and the stashed CPU module): the CPU's share of a hybrid MoE layer with the
+# experts in a plain host buffer (as patch 0006 computes them) against the CPU
+# module's repacking buffer type (Q4_0 interleaved 8x8), alone and beside
+# pinned host-to-device copies (scripts/device/h2d-load.py) as the link's.
+s17micro() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|MHz" | tee -a "$RES/machine.txt"
+    mkdir -p /root/m && tar -xJf .whl/s17micro/micro.tar.xz -C /root/m && xz -df /root/m/libggml-cpu.so.xz
+    local t g m
+    for t in 16 8; do
+        for m in plain repack; do
+            g=150; S16_ITERS=300 s17m "m-t$t-$m" $t $g $m
+        done
+    done
+    python3 scripts/device/h2d-load.py 20 > "$RES/h2d.txt" 2>&1 &
+    sleep 3
+    for m in plain repack plain repack; do
+        s17m "m-t16-$m-h2d" 16 150 $m
+    done
+    wait
+    cat "$RES/h2d.txt"
+    st_tar
+}
+s17m() { # NAME THREADS GAP_US plain|repack
+    timeout 120 /root/m/cpu-experts /root/m/libggml-cpu.so "$2" "${S16_ITERS:-300}" "$3" "$4" > "$RES/$1.txt" 2>&1 || echo "$1 failed: $?"
+    echo "== $1"; grep -E "^(moe|mmid)|experts in" "$RES/$1.txt"
+}
+
+
+# s17ab (carry .stash and .whl/s17: dist.tar.xz, this branch's build without
+# upstream/, the source tarball and the CPU module; pristine.tar.gz, the
+# sdist's llama.cpp for upstream's llama-bench): R2 at 4 GiB with patch
+# 0039's repacked CPU copies of the expert weights on and off
+# (PIPESHARD_CPU_COPIES), interleaved, at the planner's and tuner's choice,
+# then at forced shares with the copies.
+s17prep() {
+    if [[ ! -x dist/pipeshard ]]; then
+        mkdir -p dist/upstream && tar -xJf .whl/s17/dist.tar.xz -C dist
+        cp .whl/s17/pristine.tar.gz dist/upstream/llama.cpp-pristine.tar.gz
+        cp scripts/device/build-upstream-bench.sh dist/
+    fi
+    [[ -f /root/cudalib/libggml-cuda.so ]] || zunstash > /dev/null
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep > /dev/null
+    cat "$RES/machine.txt"
+    echo "prepared at ${SECONDS} s"
+}
+s17row() { # NAME COPIES [EXTRA...]: s15row (batched copies on) with patch 0039's CPU copies on (1) or off (0)
+    local name=$1 c=$2; shift 2
+    PIPESHARD_CPU_COPIES=$c s15row "$name" 1 "$@"
+    grep -E "make_cpu_weight_copies" "$RES/$name.log" | head -1 | sed -E "s/^.*make_cpu_weight_copies: /$name: /" || true
+}
+s17ab() {
+    s17prep
+    local ST_LIMIT=${ST_LIMIT:-570} i k
+    export ST_LIMIT
+    for i in 1 2 3; do
+        st_time 80 || break
+        s17row a-on-$i 1
+        s17row a-off-$i 0
+        st_tar
+    done
+    for k in 4 5 6; do
+        st_time 40 || break
+        s17row k$k-on 1 --hybrid-experts $k
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# s17env (carry .stash, .whl/s17 and .whl/s17micro): the CPU's part of R2's
+# decode in situ against alone. The micro benchmark first (patch 0039's
+# repacked experts and the plain ones, 16 threads), then R2 at 4 GiB with
+# the copies under OpenMP's wait policies and with 15 threads.
+s17env() {
+    s17prep
+    mkdir -p /root/m && tar -xJf .whl/s17micro/micro.tar.xz -C /root/m && xz -df /root/m/libggml-cpu.so.xz
+    S16_ITERS=300 s17m m-t16-repack 16 150 repack
+    S16_ITERS=300 s17m m-t16-plain 16 150 plain
+    local ST_LIMIT=${ST_LIMIT:-570} i
+    export ST_LIMIT
+    for i in 1 2; do
+        st_time 60 || break
+        s17row e-on-$i 1
+        OMP_WAIT_POLICY=active s17row e-active-$i 1
+        ST_T=15 s17row e-t15-$i 1
+        OMP_WAIT_POLICY=passive s17row e-passive-$i 1
+        s17row e-off-$i 0
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# s17thp (carry .stash, .whl/s17 and .whl/s17micro, whose
+# libllama-nothp.so.xz is patch 0039 before it asked for huge pages): the
+# kernel's transparent huge pages setting; the micro benchmark with the
+# experts in 4 KiB pages and in huge pages (madvise); R2 at 4 GiB with
+# the copies in huge pages (dist/) and in 4 KiB pages (dist-b/, the same
+# build with the earlier libllama), and without copies, interleaved.
+s17thp() {
+    s17prep
+    grep -H . /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag | tee -a "$RES/machine.txt"
+    rm -rf dist-b && cp -a dist dist-b
+    xz -dc .whl/s17micro/libllama-nothp.so.xz > dist-b/lib/libllama.so.0.6.0
+    mkdir -p /root/m && tar -xJf .whl/s17micro/micro.tar.xz -C /root/m && xz -df /root/m/libggml-cpu.so.xz
+    local m
+    for m in repack repack-thp plain plain-thp; do
+        S16_ITERS=300 s17m m-t16-$m 16 150 $m
+    done
+    local ST_LIMIT=${ST_LIMIT:-570} i
+    export ST_LIMIT
+    for i in 1 2 3; do
+        st_time 70 || break
+        ( sleep 20; grep -E "AnonHugePages" /proc/meminfo | sed "s/^/during t-thp-$i: /" ) &
+        s17row t-thp-$i 1
+        wait
+        P=dist-b/pipeshard s17row t-4k-$i 1
+        s17row t-off-$i 0
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# s17dma (carry .stash, .whl/s17 and .whl/s17micro): the CPU's part of a
+# hybrid layer alone and beside the link's traffic without a spinning core
+# (scripts/device/h2d-load.cu waits blocking), at 16 and 15 threads; R2 at
+# 4 GiB with the copies, the memory sampler at its 20 ms and at 1 s, and
+# with OpenMP's active wait.
+s17dma() {
+    s17prep
+    PATH=$PATH:/usr/local/cuda/bin nvcc -O2 scripts/device/h2d-load.cu -o /root/h2d-load
+    mkdir -p /root/m && tar -xJf .whl/s17micro/micro.tar.xz -C /root/m && xz -df /root/m/libggml-cpu.so.xz
+    local t
+    for t in 16 15; do
+        S16_ITERS=300 s17m m-t$t-repack $t 150 repack
+        /root/h2d-load 12 > "$RES/h2d-t$t.txt" &
+        sleep 1
+        S16_ITERS=300 s17m m-t$t-repack-dma $t 150 repack
+        S16_ITERS=300 s17m m-t$t-plain-dma $t 150 plain
+        wait
+        cat "$RES/h2d-t$t.txt"
+    done
+    local ST_LIMIT=${ST_LIMIT:-570} i
+    export ST_LIMIT
+    for i in 1 2; do
+        st_time 60 || break
+        s17row d-on-$i 1
+        PIPESHARD_MEMORY_SAMPLE_MS=1000 s17row d-s1000-$i 1
+        OMP_WAIT_POLICY=active PIPESHARD_MEMORY_SAMPLE_MS=1000 s17row d-active-$i 1
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# s17fa and s17fb (carry .stash and .whl/s17; run on the H200, back to back):
+# the session's figures beside upstream's on one host. s17fa builds
+# upstream's llama-bench from the pristine sdist, then R2 at 4 GiB with
+# patch 0039's copies on and off, interleaved, and upstream's R2 rows.
+# s17fb: R1 at 2 GiB with the copies on and off, both against the full-GPU
+# placement (`lossless`, 32 tokens), and upstream's R1 rows.
+s17upstream() {
+    [[ -x dist/upstream/bin/llama-bench ]] && return
+    ( time JOBS=16 bash scripts/device/build-upstream-bench.sh dist ) > "$RES/build-upstream.log" 2>&1 \
+        || { tail -20 "$RES/build-upstream.log"; exit 1; }
+    tail -3 "$RES/build-upstream.log"
+    cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist/upstream/bin/
+}
+s17fa() {
+    s17prep
+    s17upstream
+    local ST_LIMIT=${ST_LIMIT:-575} i
+    export ST_LIMIT
+    for i in 1 2 3; do
+        st_time 150 || break
+        s17row f-r2-on-$i 1
+        s17row f-r2-off-$i 0
+        st_tar
+    done
+    st_up f-up-r2-fit r2 4096; st_tar
+    st_up f-up-r2-full r2 full; st_tar
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+s17fb() {
+    s17prep
+    s17upstream
+    local ST_LIMIT=${ST_LIMIT:-575} i c
+    export ST_LIMIT
+    for i in 1 2; do
+        for c in 1 0; do
+            st_time 100 || break
+            PIPESHARD_CPU_COPIES=$c GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' \
+                st_row f-r1-c$c-$i r1 2GiB
+            grep -E "make_cpu_weight_copies" "$RES/f-r1-c$c-$i.log" | head -1 | sed -E "s/^.*make_cpu_weight_copies: /f-r1-c$c-$i: /" || true
+        done
+        st_tar
+    done
+    for c in 1 0; do
+        st_time 90 && PIPESHARD_CPU_COPIES=$c lossless r1-c$c "$W/r1.gguf" 2GiB -n 32
+    done
+    st_tar
+    st_time 50 && { st_up f-up-r1-fit r1 2048; st_tar; }
+    st_time 50 && { st_up f-up-r1-full r1 full; st_tar; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# s17bw (carry .stash, .whl/s17 and .whl/s17micro): what host memory gives
+# the CPU and the link together. scripts/device/host-bw.c reads it with 16
+# and 8 threads, alone and beside scripts/device/h2d-load.cu's pinned
+# copies (blocking waits, no spinning core); the CPU's part of an R2 layer
+# (patch 0039's repacked experts) alone and beside them; one R2 row.
+s17bw() {
+    s17prep
+    gcc -O2 -mavx2 -fopenmp scripts/device/host-bw.c -o /root/host-bw
+    PATH=$PATH:/usr/local/cuda/bin nvcc -O2 scripts/device/h2d-load.cu -o /root/h2d-load
+    mkdir -p /root/m && tar -xJf .whl/s17micro/micro.tar.xz -C /root/m && xz -df /root/m/libggml-cpu.so.xz
+    {
+        /root/host-bw 16 8 5
+        /root/host-bw 8 8 5
+        /root/h2d-load 5
+        /root/h2d-load 12 & sleep 1; /root/host-bw 16 8 5; /root/host-bw 8 8 5; wait
+    } 2>&1 | tee "$RES/host-bw.txt"
+    S16_ITERS=300 s17m m-t16-repack 16 150 repack
+    /root/h2d-load 8 > "$RES/h2d-m.txt" & sleep 1
+    S16_ITERS=300 s17m m-t16-repack-dma 16 150 repack
+    wait; cat "$RES/h2d-m.txt"
+    st_tar
+    s17row b-r2-on 1
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# s17fc (carry .stash and .whl/s17, the session's final build): R2 at 4 GiB
+# with the copies on and off, R1 at 2 GiB with them, and both modes of R2
+# against the full-GPU placement with the copies (`lossless`, 32 tokens).
+s17fc() {
+    s17prep
+    local ST_LIMIT=${ST_LIMIT:-575} i
+    export ST_LIMIT
+    for i in 1 2; do
+        st_time 100 || break
+        s17row c-r2-on-$i 1
+        s17row c-r2-off-$i 0
+        st_tar
+    done
+    st_time 80 && { PIPESHARD_CPU_COPIES=1 st_row c-r1-on r1 2GiB; st_tar; }
+    st_time 120 && timeout 200 $P lossless -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" -n 32 -t 16 \
+        > "$RES/lossless-r2.json" 2> "$RES/lossless-r2.log" && tail -3 "$RES/lossless-r2.log"
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
