@@ -948,12 +948,13 @@ fn r2_hybrid_share_on_the_h200_profile_is_the_one_measured_fastest() {
 #[test]
 fn split_weights_get_cpu_copies_where_host_memory_holds_them() {
     let profile = h200_profile();
-    let info = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();
-    let plan_with = |f: &dyn Fn(&mut PlanRequest)| {
-        let mut req = reference_request(4 * GIB, 64);
+    let plan_for = |info: &ModelInfo, budget: u64, f: &dyn Fn(&mut PlanRequest)| {
+        let mut req = reference_request(budget, 64);
         f(&mut req);
-        plan::make_plan(&info, &profile, &req).unwrap()
+        plan::make_plan(info, &profile, &req).unwrap()
     };
+    let info = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();
+    let plan_with = |f: &dyn Fn(&mut PlanRequest)| plan_for(&info, 4 * GIB, f);
     let p = plan_with(&|_| {});
     assert!(p.hybrid_gpu_experts > 0);
     assert!(p.cpu_weight_copies);
@@ -983,12 +984,7 @@ fn split_weights_get_cpu_copies_where_host_memory_holds_them() {
 
     // R1: the weights split by rows, each copied whole.
     let r1 = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
-    let r1_with = |f: &dyn Fn(&mut PlanRequest)| {
-        let mut req = reference_request(2 * GIB, 64);
-        f(&mut req);
-        plan::make_plan(&r1, &profile, &req).unwrap()
-    };
-    let d = r1_with(&|_| {});
+    let d = plan_for(&r1, 2 * GIB, &|_| {});
     assert!(d.row_split_share > 0.0);
     assert!(d.cpu_weight_copies);
     let split: u64 = d
@@ -999,7 +995,7 @@ fn split_weights_get_cpu_copies_where_host_memory_holds_them() {
         .sum();
     assert_eq!(d.cpu_copy_bytes(), split);
     assert!(split > GIB);
-    assert!(!r1_with(&|r| r.dense_split = Some(0.0)).cpu_weight_copies);
+    assert!(!plan_for(&r1, 2 * GIB, &|r| r.dense_split = Some(0.0)).cpu_weight_copies);
 }
 
 #[test]
