@@ -3605,7 +3605,9 @@ s17fb() {
         st_tar
     done
     for c in 1 0; do
-        st_time 90 && PIPESHARD_CPU_COPIES=$c lossless r1-c$c "$W/r1.gguf" 2GiB -n 32
+        st_time 90 && PIPESHARD_CPU_COPIES=$c timeout 150 $P lossless -m "$W/r1.gguf" --vram-budget 2GiB \
+            --profile "$RES/profile.yaml" -n 32 -t 16 > "$RES/lossless-r1-c$c.json" 2> "$RES/lossless-r1-c$c.log" \
+            && tail -2 "$RES/lossless-r1-c$c.log"
     done
     st_tar
     st_time 50 && { st_up f-up-r1-fit r1 2048; st_tar; }
