@@ -40,10 +40,10 @@ pub struct ModelParams<'a> {
     /// of any weight it moves away. Without it, llama.cpp keeps one buffer
     /// per buffer type, freed only when every weight in it has moved.
     pub movable_weights: bool,
-    /// Give each feed-forward and MoE expert weight in a GPU's host buffer a
-    /// copy in the CPU's repacking buffer type (patch 0039), which the CPU's
-    /// part of hybrid experts and of a dense row split computes with: faster
-    /// CPU kernels for as much host memory again.
+    /// Give each feed-forward and MoE expert weight in plain host memory (a
+    /// GPU's pinned buffers) a copy in the CPU's repacking buffer type (patch
+    /// 0039), which the CPU's part of hybrid experts and of a dense row split
+    /// computes with: faster CPU kernels for as much host memory again.
     pub cpu_weight_copies: bool,
 }
 

@@ -27,7 +27,8 @@ pub struct Applied {
     pub n_gpu_layers: i32,
     /// Host weights must be pinned to stream fast, which needs mmap off.
     pub use_mmap: bool,
-    /// Repacked CPU copies of the host expert weights (patch 0039).
+    /// Repacked CPU copies of the host weights the CPU computes a part of
+    /// (patch 0039).
     pub cpu_weight_copies: bool,
     pub n_ubatch: u32,
     /// Streaming slots for the context (patch 0003); 0: synchronous copies.
