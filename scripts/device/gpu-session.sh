@@ -2593,6 +2593,17 @@ st_tar() { tar czf "$OUT/results.tgz" -C "$W" results; }
 # Each part runs only while the call's time allows (ST_LIMIT s in all; a
 # call is stopped at 600 s), and the results are packed after each part.
 st_time() { (( SECONDS < ${ST_LIMIT:-470} - $1 )); }
+# ROW NAME-on-i 1 then ROW NAME-off-i 0 for i from FIRST to LAST, each pair
+# while st_time MARGIN allows, packing the results after each pair.
+st_ab() { # ROW NAME FIRST LAST MARGIN
+    local row=$1 name=$2 first=$3 last=$4 margin=$5 i
+    for ((i = first; i <= last; i++)); do
+        st_time "$margin" || break
+        $row "$name-on-$i" 1
+        $row "$name-off-$i" 0
+        st_tar
+    done
+}
 st_prep() {
     rm -rf dist && mkdir dist && tar -xJf .whl/share-tune/dist.tar.xz --strip-components=1 -C dist
     cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
@@ -3293,11 +3304,7 @@ s16row() { # NAME READS [EXTRA...]: s15row with patch 0038's batched reads on (1
 s16ab() {
     s16prep
     local ST_LIMIT=${ST_LIMIT:-560} i k
-    for i in 1 2 3; do
-        s16row a-on-$i 1
-        s16row a-off-$i 0
-        st_tar
-    done
+    st_ab s16row a 1 3 0
     for k in 5 6; do
         for i in 1 2; do
             s16row k$k-on-$i 1 --hybrid-experts $k
@@ -3328,24 +3335,15 @@ s16final() {
         || { tail -20 "$RES/build-upstream.log"; exit 1; }
     tail -3 "$RES/build-upstream.log"
     s16prep
-    local ST_LIMIT=${ST_LIMIT:-570} i
+    local ST_LIMIT=${ST_LIMIT:-570}
     export ST_LIMIT
-    for i in 1 2 3; do
-        s16row f-r2-on-$i 1
-        s16row f-r2-off-$i 0
-        st_tar
-    done
+    st_ab s16row f-r2 1 3 0
     st_row f-r1 r1 2GiB; st_tar
     st_up f-up-r2-full r2 full; st_tar
     st_up f-up-r1-full r1 full; st_tar
     st_up f-up-r2-fit r2 4096; st_tar
     st_up f-up-r1-fit r1 2048; st_tar
-    for i in 4 5 6; do
-        st_time 40 || break
-        s16row f-r2-on-$i 1
-        s16row f-r2-off-$i 0
-        st_tar
-    done
+    st_ab s16row f-r2 4 6 40
     echo "done at ${SECONDS} s"
     st_tar
 }
@@ -3453,14 +3451,9 @@ s17row() { # NAME COPIES [EXTRA...]: s15row (batched copies on) with patch 0039'
 }
 s17ab() {
     s17prep
-    local ST_LIMIT=${ST_LIMIT:-570} i k
+    local ST_LIMIT=${ST_LIMIT:-570} k
     export ST_LIMIT
-    for i in 1 2 3; do
-        st_time 80 || break
-        s17row a-on-$i 1
-        s17row a-off-$i 0
-        st_tar
-    done
+    st_ab s17row a 1 3 80
     for k in 4 5 6; do
         st_time 40 || break
         s17row k$k-on 1 --hybrid-experts $k
@@ -3577,14 +3570,9 @@ s17upstream() {
 s17fa() {
     s17prep
     s17upstream
-    local ST_LIMIT=${ST_LIMIT:-575} i
+    local ST_LIMIT=${ST_LIMIT:-575}
     export ST_LIMIT
-    for i in 1 2 3; do
-        st_time 150 || break
-        s17row f-r2-on-$i 1
-        s17row f-r2-off-$i 0
-        st_tar
-    done
+    st_ab s17row f-r2 1 3 150
     st_up f-up-r2-fit r2 4096; st_tar
     st_up f-up-r2-full r2 full; st_tar
     echo "done at ${SECONDS} s"
@@ -3649,14 +3637,9 @@ s17bw() {
 # against the full-GPU placement with the copies (`lossless`, 32 tokens).
 s17fc() {
     s17prep
-    local ST_LIMIT=${ST_LIMIT:-575} i
+    local ST_LIMIT=${ST_LIMIT:-575}
     export ST_LIMIT
-    for i in 1 2; do
-        st_time 100 || break
-        s17row c-r2-on-$i 1
-        s17row c-r2-off-$i 0
-        st_tar
-    done
+    st_ab s17row c-r2 1 2 100
     st_time 80 && { PIPESHARD_CPU_COPIES=1 st_row c-r1-on r1 2GiB; st_tar; }
     st_time 120 && timeout 200 $P lossless -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" -n 32 -t 16 \
         > "$RES/lossless-r2.json" 2> "$RES/lossless-r2.log" && tail -3 "$RES/lossless-r2.log"
