@@ -3647,4 +3647,185 @@ s17fc() {
     st_tar
 }
 
+# Session 18 (carry .stash and .whl/s18: this branch's build, packed as
+# .whl/s17 was): patch 0040's expert cache. s18row runs s17row (the CPU
+# copies on) with the cache on (1) or off (0); s18a checks both modes of R2
+# against the full-GPU placement with the cache (`lossless`, 32 tokens),
+# then runs R2 at 4 GiB with the cache on and off, interleaved.
+s18prep() {
+    if [[ ! -x dist/pipeshard ]]; then
+        mkdir -p dist/upstream && tar -xJf .whl/s18/dist.tar.xz -C dist
+        cp .whl/s18/pristine.tar.gz dist/upstream/llama.cpp-pristine.tar.gz
+        cp scripts/device/build-upstream-bench.sh dist/
+    fi
+    [[ -f /root/cudalib/libggml-cuda.so ]] || zunstash > /dev/null
+    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    ZUPSTREAM=0 zprep > /dev/null
+    cat "$RES/machine.txt"
+    echo "prepared at ${SECONDS} s"
+}
+s18row() { # NAME CACHE [EXTRA...]: s17row with the expert cache on (1) or off (0)
+    local name=$1 c=$2; shift 2
+    GGML_SCHED_EXPERT_CACHE=$c s17row "$name" 1 "$@"
+    grep -E "ggml_backend_sched_cache_place" "$RES/$name.log" | tail -1 | sed -E "s/^.*cache_place: /$name: /" || true
+}
+s18lossless() { # NAME MODEL BUDGET
+    timeout 200 $P lossless -m "$W/$2.gguf" --vram-budget "$3" --profile "$RES/profile.yaml" -n 32 -t 16 \
+        > "$RES/$1.json" 2> "$RES/$1.log" && tail -3 "$RES/$1.log"
+}
+s18a() {
+    s18prep
+    local ST_LIMIT=${ST_LIMIT:-575}
+    export ST_LIMIT
+    s18row a-r2-first 1; st_tar
+    st_time 150 && { s18lossless lossless-r2 r2 4GiB; st_tar; }
+    st_ab s18row a-r2 1 3 90
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s18b: the reference session of the final build on one host. R2 at 4 GiB
+# and R1 at 2 GiB as the planner chooses (cache and copies on), upstream's
+# llama-bench built and run beside them (fit in the budget, full GPU); the
+# server with four clients (decode steps of four tokens: more experts than
+# a region holds, so the routed splits stream through the slots) and one;
+# R2 sampled at temperature 1 (varied tokens, less repeated routing) with
+# the cache on and off.
+s18text() { # NAME CACHE [EXTRA...]: R2 at 4 GiB, 64 tokens sampled at temperature 1 after a short prompt
+    local name=$1 c=$2; shift 2
+    GGML_SCHED_EXPERT_CACHE=$c GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' timeout 120 \
+        $P run -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" -c 4352 -t 16 -fa on -n 64 \
+        --temp 1 --seed 7 --ignore-eos -p "The history of the printing press begins" "$@" > "$RES/$name.out" 2> "$RES/$name.log" \
+        || echo "$name failed: $?"
+    grep -E "decode split|tok/s|1-token graphs" "$RES/$name.log" | sed -E "s/^.*(INFO|DEBUG)[^ ]* //; s/^.*graphs over 32: //; s/^/$name: /" \
+        | cut -c1-420 | tail -4 || true
+}
+s18b() {
+    s18prep
+    s17upstream
+    local ST_LIMIT=${ST_LIMIT:-580} i sb=scripts/device/server-bench.sh
+    export ST_LIMIT
+    for i in 1 2 3; do st_time 60 && s18row b-r2-$i 1; done; st_tar
+    st_time 60 && { st_up b-up-r2-fit r2 4096; st_tar; }
+    st_time 60 && { st_up b-up-r2-full r2 full; st_tar; }
+    for i in 1 2; do
+        st_time 60 && GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' st_row b-r1-$i r1 2GiB
+    done
+    st_tar
+    st_time 60 && { st_up b-up-r1-fit r1 2048; st_tar; }
+    st_time 60 && { st_up b-up-r1-full r1 full; st_tar; }
+    st_time 60 && { s18text b-t1-on 1; s18text b-t1-off 0; st_tar; }
+    st_time 70 && { SMI=0 ROUNDS=2 bash $sb r2_4 b-srv-r2-4 --vram-budget 4GiB > "$RES/b-srv-r2-4.txt" 2>&1 || true;
+        tail -12 "$RES/b-srv-r2-4.txt"; st_tar; }
+    st_time 50 && { SMI=0 ROUNDS=2 bash $sb r2_1 b-srv-r2-1 --vram-budget 4GiB > "$RES/b-srv-r2-1.txt" 2>&1 || true;
+        tail -8 "$RES/b-srv-r2-1.txt"; st_tar; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s18c: the same build on another host (an H100): R2 at 4 GiB with the
+# cache on and off, interleaved; R2 with --exact (GPU-only math) with the
+# cache on and off; R1 at 2 GiB; both modes of R2 against the full-GPU
+# placement.
+s18c() {
+    s18prep
+    local ST_LIMIT=${ST_LIMIT:-580}
+    export ST_LIMIT
+    st_ab s18row c-r2 1 2 200
+    st_time 120 && { s18row c-r2-exact-on 1 --exact; s18row c-r2-exact-off 0 --exact; st_tar; }
+    st_time 80 && { GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' st_row c-r1 r1 2GiB; st_tar; }
+    st_time 100 && { s18lossless lossless-r2 r2 4GiB; st_tar; }
+    st_ab s18row c-r2 3 4 60
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s18d: the reference session of the final build (the tuner times every
+# expert count) on one H200 host: R2 at 4 GiB as the planner chooses, with
+# the cache off between (interleaved), upstream's llama-bench beside it
+# (fit in the budget, full GPU), R1 at 2 GiB and upstream's R1, both modes
+# of R2 against the full-GPU placement, R2 with --exact, cache on and off.
+# s18e: the same on another host (an H100), without upstream.
+s18exact() {
+    st_time 90 && { s18row $1-r2-exact-on 1 --exact; s18row $1-r2-exact-off 0 --exact; st_tar
+        grep -hE "not the expert cache" "$RES/$1-r2-exact-on.log" | tail -1 | sed -E "s/^.*cache_layout: /$1-exact: /" || true; }
+}
+s18d() {
+    s18prep
+    s17upstream
+    local ST_LIMIT=${ST_LIMIT:-585} i
+    export ST_LIMIT
+    s18row d-r2-1 1; s18row d-r2-off-1 0; s18row d-r2-2 1; s18row d-r2-off-2 0; s18row d-r2-3 1; st_tar
+    st_time 60 && { st_up d-up-r2-fit r2 4096; st_tar; }
+    st_time 60 && { st_up d-up-r2-full r2 full; st_tar; }
+    for i in 1 2; do
+        st_time 60 && GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' st_row d-r1-$i r1 2GiB
+    done
+    st_tar
+    st_time 60 && { st_up d-up-r1-fit r1 2048; st_tar; }
+    st_time 60 && { st_up d-up-r1-full r1 full; st_tar; }
+    st_time 80 && { s18lossless lossless-r2 r2 4GiB; st_tar; }
+    s18exact d
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+s18e() {
+    s18prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    st_ab s18row e-r2 1 2 200
+    s18exact e
+    st_time 60 && { GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' st_row e-r1 r1 2GiB; st_tar; }
+    st_ab s18row e-r2 3 4 60
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s18f: does the cache change any result? R2 at 4 GiB sampled at
+# temperature 1 (seed 7) and greedy, with the cache on and off, each twice,
+# at a forced share (5 GPU experts) and at the tuner's.
+s18f() {
+    s18prep
+    local c i
+    for i in 1 2; do
+        for c in 1 0; do
+            s18text f-t1-c$c-$i $c --hybrid-experts 5
+            s18text f-t1-tuned-c$c-$i $c
+        done
+    done
+    md5sum "$RES"/f-*.out
+    st_tar
+}
+
+# s18g: R2's greedy text at one forced share (5 GPU experts) with the cache
+# on and off. (Calls c8 and c9 also ran `lossless --hybrid-experts 5`, which
+# lossless refuses: its --exact half cannot split experts.)
+s18g() {
+    s18prep
+    local c
+    for c in 1 0; do
+        GGML_SCHED_EXPERT_CACHE=$c timeout 120 $P run -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" \
+            -c 4352 -t 16 -fa on -n 64 --ignore-eos --hybrid-experts 5 -p "The history of the printing press begins" \
+            > "$RES/g-greedy-c$c.out" 2> "$RES/g-greedy-c$c.log" || echo "g-greedy-c$c failed"
+    done
+    md5sum "$RES"/g-*.out
+    st_tar
+}
+# s18h: R2's greedy text at 5 GPU experts with the cache on and off, with
+# ggml-cuda's fusion off, and with its CUDA graphs off: which of them makes
+# the two paths' texts differ (s18g).
+s18h() {
+    s18prep
+    local c v
+    for v in GGML_CUDA_DISABLE_FUSION GGML_CUDA_DISABLE_GRAPHS; do
+        for c in 1 0; do
+            env $v=1 GGML_SCHED_EXPERT_CACHE=$c timeout 120 $P run -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" \
+                -c 4352 -t 16 -fa on -n 64 --ignore-eos --hybrid-experts 5 -p "The history of the printing press begins" \
+                > "$RES/h-$v-c$c.out" 2> "$RES/h-$v-c$c.log" || echo "h-$v-c$c failed"
+        done
+    done
+    md5sum "$RES"/h-*.out
+    st_tar
+}
+
 "$@"
