@@ -3828,4 +3828,20 @@ s18h() {
     st_tar
 }
 
+# s18i (not run in session 18: no device time was left): which of the two
+# texts of s18g is the slots' own: R2's greedy text at 5 GPU experts with the
+# cache off and patch 0031's prefetch off (every expert copied once its ids
+# are known), and with batched copies off too.
+s18i() {
+    s18prep
+    GGML_SCHED_EXPERT_CACHE=0 GGML_SCHED_EXPERT_PREFETCH=0 timeout 120 $P run -m "$W/r2.gguf" --vram-budget 4GiB \
+        --profile "$RES/profile.yaml" -c 4352 -t 16 -fa on -n 64 --ignore-eos --hybrid-experts 5 \
+        -p "The history of the printing press begins" > "$RES/i-nopf.out" 2> "$RES/i-nopf.log" || echo "i-nopf failed"
+    GGML_SCHED_EXPERT_CACHE=0 GGML_SCHED_EXPERT_PREFETCH=0 GGML_SCHED_BATCH_COPIES=0 timeout 120 $P run -m "$W/r2.gguf" \
+        --vram-budget 4GiB --profile "$RES/profile.yaml" -c 4352 -t 16 -fa on -n 64 --ignore-eos --hybrid-experts 5 \
+        -p "The history of the printing press begins" > "$RES/i-nopf-nobatch.out" 2> "$RES/i-nopf-nobatch.log" || echo "i-nopf-nobatch failed"
+    md5sum "$RES"/i-*.out
+    st_tar
+}
+
 "$@"

@@ -61,7 +61,7 @@ pub struct PipeshardOptions {
     pub exact: bool,
     /// Choose the decode split (hybrid experts, dense row split) at run
     /// time: after load, time a few decode steps at the cost model's share
-    /// and its neighbours and keep the fastest; `false` keeps the cost
+    /// and the others around it and keep the fastest; `false` keeps the cost
     /// model's share. A share given with --hybrid-experts or --dense-split
     /// is never changed.
     #[arg(long = "split-tune", env = "PIPESHARD_SPLIT_TUNE", default_value_t = true,

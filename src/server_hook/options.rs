@@ -75,8 +75,8 @@ pub const HELP: &str = "\
                              computes in decode, 0 off (default: the plan's)
                              (env: PIPESHARD_DENSE_SPLIT)
 --split-tune BOOL            choose the decode split (hybrid experts, row share) from the
-                             first decode steps served: the plan's share and its neighbours
-                             are timed and the fastest kept (default: true; a share given
+                             first decode steps served: the plan's share and the others
+                             around it are timed and the fastest kept (default: true; a share given
                              above is kept) (env: PIPESHARD_SPLIT_TUNE)
 --cpu-copies BOOL            hybrid experts and row split: the CPU computes its part from
                              repacked copies of those host weights, where host memory holds

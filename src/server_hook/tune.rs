@@ -1,6 +1,6 @@
 //! The decode split chosen while serving: the server's own decode steps are
 //! timed between batches (the loop hook, patch 0024) at the cost model's
-//! share and its neighbours, and the fastest is kept
+//! share and the others around it, and the fastest is kept
 //! ([`crate::launch::tune::StepTuner`]); `run` and `bench` time their own
 //! steps after load ([`crate::launch::tune_split`]).
 
@@ -41,7 +41,7 @@ pub fn start(launch: Option<&Launch>, cp: &ContextParams, budget: Option<u64>) {
             origin: Instant::now(),
         });
     if let Some(planned) = launch.and_then(|l| l.split_knob).and_then(|k| k.setting(0)) {
-        tracing::info!("decode split: {planned} planned; the first decode steps served time it and its neighbours");
+        tracing::info!("decode split: {planned} planned; the first decode steps served time it and the others around it");
     }
     if let Ok(mut g) = TUNER.lock() {
         *g = tuner;
