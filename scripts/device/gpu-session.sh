@@ -3691,12 +3691,16 @@ s18a() {
 # a region holds, so the routed splits stream through the slots) and one;
 # R2 sampled at temperature 1 (varied tokens, less repeated routing) with
 # the cache on and off.
-s18text() { # NAME CACHE [EXTRA...]: R2 at 4 GiB, 64 tokens sampled at temperature 1 after a short prompt
-    local name=$1 c=$2; shift 2
-    GGML_SCHED_EXPERT_CACHE=$c GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' timeout 120 \
-        $P run -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" -c 4352 -t 16 -fa on -n 64 \
-        --temp 1 --seed 7 --ignore-eos -p "The history of the printing press begins" "$@" > "$RES/$name.out" 2> "$RES/$name.log" \
+s18run() { # NAME [EXTRA...]: `run` on R2 at 4 GiB, 64 tokens after a short prompt, into NAME.out and NAME.log
+    local name=$1; shift
+    timeout 120 $P run -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" -c 4352 -t 16 -fa on -n 64 \
+        --ignore-eos -p "The history of the printing press begins" "$@" > "$RES/$name.out" 2> "$RES/$name.log" \
         || echo "$name failed: $?"
+}
+s18text() { # NAME CACHE [EXTRA...]: s18run sampled at temperature 1 (seed 7), with the cache on (1) or off (0)
+    local name=$1 c=$2; shift 2
+    GGML_SCHED_EXPERT_CACHE=$c GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' \
+        s18run "$name" --temp 1 --seed 7 "$@"
     grep -E "decode split|tok/s|1-token graphs" "$RES/$name.log" | sed -E "s/^.*(INFO|DEBUG)[^ ]* //; s/^.*graphs over 32: //; s/^/$name: /" \
         | cut -c1-420 | tail -4 || true
 }
@@ -3804,9 +3808,7 @@ s18g() {
     s18prep
     local c
     for c in 1 0; do
-        GGML_SCHED_EXPERT_CACHE=$c timeout 120 $P run -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" \
-            -c 4352 -t 16 -fa on -n 64 --ignore-eos --hybrid-experts 5 -p "The history of the printing press begins" \
-            > "$RES/g-greedy-c$c.out" 2> "$RES/g-greedy-c$c.log" || echo "g-greedy-c$c failed"
+        GGML_SCHED_EXPERT_CACHE=$c s18run g-greedy-c$c --hybrid-experts 5
     done
     md5sum "$RES"/g-*.out
     st_tar
@@ -3819,9 +3821,9 @@ s18h() {
     local c v
     for v in GGML_CUDA_DISABLE_FUSION GGML_CUDA_DISABLE_GRAPHS; do
         for c in 1 0; do
-            env $v=1 GGML_SCHED_EXPERT_CACHE=$c timeout 120 $P run -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" \
-                -c 4352 -t 16 -fa on -n 64 --ignore-eos --hybrid-experts 5 -p "The history of the printing press begins" \
-                > "$RES/h-$v-c$c.out" 2> "$RES/h-$v-c$c.log" || echo "h-$v-c$c failed"
+            export "$v=1"
+            GGML_SCHED_EXPERT_CACHE=$c s18run h-$v-c$c --hybrid-experts 5
+            unset "$v"
         done
     done
     md5sum "$RES"/h-*.out
@@ -3834,12 +3836,8 @@ s18h() {
 # are known), and with batched copies off too.
 s18i() {
     s18prep
-    GGML_SCHED_EXPERT_CACHE=0 GGML_SCHED_EXPERT_PREFETCH=0 timeout 120 $P run -m "$W/r2.gguf" --vram-budget 4GiB \
-        --profile "$RES/profile.yaml" -c 4352 -t 16 -fa on -n 64 --ignore-eos --hybrid-experts 5 \
-        -p "The history of the printing press begins" > "$RES/i-nopf.out" 2> "$RES/i-nopf.log" || echo "i-nopf failed"
-    GGML_SCHED_EXPERT_CACHE=0 GGML_SCHED_EXPERT_PREFETCH=0 GGML_SCHED_BATCH_COPIES=0 timeout 120 $P run -m "$W/r2.gguf" \
-        --vram-budget 4GiB --profile "$RES/profile.yaml" -c 4352 -t 16 -fa on -n 64 --ignore-eos --hybrid-experts 5 \
-        -p "The history of the printing press begins" > "$RES/i-nopf-nobatch.out" 2> "$RES/i-nopf-nobatch.log" || echo "i-nopf-nobatch failed"
+    GGML_SCHED_EXPERT_CACHE=0 GGML_SCHED_EXPERT_PREFETCH=0 s18run i-nopf --hybrid-experts 5
+    GGML_SCHED_EXPERT_CACHE=0 GGML_SCHED_EXPERT_PREFETCH=0 GGML_SCHED_BATCH_COPIES=0 s18run i-nopf-nobatch --hybrid-experts 5
     md5sum "$RES"/i-*.out
     st_tar
 }
