@@ -41,7 +41,9 @@ pub fn start(launch: Option<&Launch>, cp: &ContextParams, budget: Option<u64>) {
             origin: Instant::now(),
         });
     if let Some(planned) = launch.and_then(|l| l.split_knob).and_then(|k| k.setting(0)) {
-        tracing::info!("decode split: {planned} planned; the first decode steps served time it and the others around it");
+        tracing::info!(
+            "decode split: {planned} planned; the first decode steps served time it and the others around it"
+        );
     }
     if let Ok(mut g) = TUNER.lock() {
         *g = tuner;
