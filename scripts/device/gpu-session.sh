@@ -2576,6 +2576,13 @@ st_row() { # NAME MODEL BUDGET [EXTRA...]: bench's decode with --tg
         --profile "$RES/profile.yaml" -o "$RES/$name" "$@" > "$RES/$name.log" 2>&1 || echo "$name failed: $?"
     grep -E "TTFT|tg64|decode split|error|process VRAM" "$RES/$name.log" | sed -E "s/^.*(INFO|WARN|ERROR)[^ ]* //; s/^/$name: /" | cut -c1-400 || true
 }
+st_trow() { # NAME MODEL BUDGET [EXTRA...]: st_row with the scheduler's timing lines (llama.cpp's debug level)
+    GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' st_row "$@"
+}
+st_lossless() { # NAME MODEL BUDGET: both modes against the full-GPU placement, 32 greedy tokens
+    timeout 200 $P lossless -m "$W/$2.gguf" --vram-budget "$3" --profile "$RES/profile.yaml" -n 32 -t 16 \
+        > "$RES/$1.json" 2> "$RES/$1.log" && tail -3 "$RES/$1.log"
+}
 st_up() { # NAME MODEL BUDGET_MIB|full: upstream's tg64 @ d4096, fitted in the budget or on the full GPU
     local name=$1 model=$2 b=$3 fit=()
     if [[ $b != full ]]; then
@@ -3040,7 +3047,7 @@ s15build() {
 }
 s15row() { # NAME BATCH [EXTRA...]: st_row on R2 at 4 GiB with the scheduler's timing, batched copies on (1) or off (0)
     local name=$1 b=$2; shift 2
-    GGML_SCHED_TIMING=1 GGML_SCHED_BATCH_COPIES=$b PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' st_row "$name" r2 4GiB "$@"
+    GGML_SCHED_BATCH_COPIES=$b st_trow "$name" r2 4GiB "$@"
     grep -E "1-token graphs" "$RES/$name.log" | tail -2 | sed -E "s/^.*graphs over 32: //; s/^/$name: /" | cut -c1-330 || true
 }
 s15text() { # NAME BATCH [EXTRA...]: R2's greedy text at 4 GiB
@@ -3432,10 +3439,11 @@ s17m() { # NAME THREADS GAP_US plain|repack
 # 0039's repacked CPU copies of the expert weights on and off
 # (PIPESHARD_CPU_COPIES), interleaved, at the planner's and tuner's choice,
 # then at forced shares with the copies.
-s17prep() {
+s17prep() { # [WHL]: dist/ from WHL/dist.tar.xz and WHL/pristine.tar.gz (default .whl/s17)
+    local whl=${1:-.whl/s17}
     if [[ ! -x dist/pipeshard ]]; then
-        mkdir -p dist/upstream && tar -xJf .whl/s17/dist.tar.xz -C dist
-        cp .whl/s17/pristine.tar.gz dist/upstream/llama.cpp-pristine.tar.gz
+        mkdir -p dist/upstream && tar -xJf "$whl/dist.tar.xz" -C dist
+        cp "$whl/pristine.tar.gz" dist/upstream/llama.cpp-pristine.tar.gz
         cp scripts/device/build-upstream-bench.sh dist/
     fi
     [[ -f /root/cudalib/libggml-cuda.so ]] || zunstash > /dev/null
@@ -3586,8 +3594,7 @@ s17fb() {
     for i in 1 2; do
         for c in 1 0; do
             st_time 100 || break
-            PIPESHARD_CPU_COPIES=$c GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' \
-                st_row f-r1-c$c-$i r1 2GiB
+            PIPESHARD_CPU_COPIES=$c st_trow f-r1-c$c-$i r1 2GiB
             grep -E "make_cpu_weight_copies" "$RES/f-r1-c$c-$i.log" | head -1 | sed -E "s/^.*make_cpu_weight_copies: /f-r1-c$c-$i: /" || true
         done
         st_tar
@@ -3641,8 +3648,7 @@ s17fc() {
     export ST_LIMIT
     st_ab s17row c-r2 1 2 100
     st_time 80 && { PIPESHARD_CPU_COPIES=1 st_row c-r1-on r1 2GiB; st_tar; }
-    st_time 120 && timeout 200 $P lossless -m "$W/r2.gguf" --vram-budget 4GiB --profile "$RES/profile.yaml" -n 32 -t 16 \
-        > "$RES/lossless-r2.json" 2> "$RES/lossless-r2.log" && tail -3 "$RES/lossless-r2.log"
+    st_time 120 && st_lossless lossless-r2 r2 4GiB
     echo "done at ${SECONDS} s"
     st_tar
 }
@@ -3652,33 +3658,18 @@ s17fc() {
 # copies on) with the cache on (1) or off (0); s18a checks both modes of R2
 # against the full-GPU placement with the cache (`lossless`, 32 tokens),
 # then runs R2 at 4 GiB with the cache on and off, interleaved.
-s18prep() {
-    if [[ ! -x dist/pipeshard ]]; then
-        mkdir -p dist/upstream && tar -xJf .whl/s18/dist.tar.xz -C dist
-        cp .whl/s18/pristine.tar.gz dist/upstream/llama.cpp-pristine.tar.gz
-        cp scripts/device/build-upstream-bench.sh dist/
-    fi
-    [[ -f /root/cudalib/libggml-cuda.so ]] || zunstash > /dev/null
-    cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
-    ZUPSTREAM=0 zprep > /dev/null
-    cat "$RES/machine.txt"
-    echo "prepared at ${SECONDS} s"
-}
+s18prep() { s17prep .whl/s18; }
 s18row() { # NAME CACHE [EXTRA...]: s17row with the expert cache on (1) or off (0)
     local name=$1 c=$2; shift 2
     GGML_SCHED_EXPERT_CACHE=$c s17row "$name" 1 "$@"
     grep -E "ggml_backend_sched_cache_place" "$RES/$name.log" | tail -1 | sed -E "s/^.*cache_place: /$name: /" || true
-}
-s18lossless() { # NAME MODEL BUDGET
-    timeout 200 $P lossless -m "$W/$2.gguf" --vram-budget "$3" --profile "$RES/profile.yaml" -n 32 -t 16 \
-        > "$RES/$1.json" 2> "$RES/$1.log" && tail -3 "$RES/$1.log"
 }
 s18a() {
     s18prep
     local ST_LIMIT=${ST_LIMIT:-575}
     export ST_LIMIT
     s18row a-r2-first 1; st_tar
-    st_time 150 && { s18lossless lossless-r2 r2 4GiB; st_tar; }
+    st_time 150 && { st_lossless lossless-r2 r2 4GiB; st_tar; }
     st_ab s18row a-r2 1 3 90
     echo "done at ${SECONDS} s"
     st_tar
@@ -3713,7 +3704,7 @@ s18b() {
     st_time 60 && { st_up b-up-r2-fit r2 4096; st_tar; }
     st_time 60 && { st_up b-up-r2-full r2 full; st_tar; }
     for i in 1 2; do
-        st_time 60 && GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' st_row b-r1-$i r1 2GiB
+        st_time 60 && st_trow b-r1-$i r1 2GiB
     done
     st_tar
     st_time 60 && { st_up b-up-r1-fit r1 2048; st_tar; }
@@ -3737,8 +3728,8 @@ s18c() {
     export ST_LIMIT
     st_ab s18row c-r2 1 2 200
     st_time 120 && { s18row c-r2-exact-on 1 --exact; s18row c-r2-exact-off 0 --exact; st_tar; }
-    st_time 80 && { GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' st_row c-r1 r1 2GiB; st_tar; }
-    st_time 100 && { s18lossless lossless-r2 r2 4GiB; st_tar; }
+    st_time 80 && { st_trow c-r1 r1 2GiB; st_tar; }
+    st_time 100 && { st_lossless lossless-r2 r2 4GiB; st_tar; }
     st_ab s18row c-r2 3 4 60
     echo "done at ${SECONDS} s"
     st_tar
@@ -3763,12 +3754,12 @@ s18d() {
     st_time 60 && { st_up d-up-r2-fit r2 4096; st_tar; }
     st_time 60 && { st_up d-up-r2-full r2 full; st_tar; }
     for i in 1 2; do
-        st_time 60 && GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' st_row d-r1-$i r1 2GiB
+        st_time 60 && st_trow d-r1-$i r1 2GiB
     done
     st_tar
     st_time 60 && { st_up d-up-r1-fit r1 2048; st_tar; }
     st_time 60 && { st_up d-up-r1-full r1 full; st_tar; }
-    st_time 80 && { s18lossless lossless-r2 r2 4GiB; st_tar; }
+    st_time 80 && { st_lossless lossless-r2 r2 4GiB; st_tar; }
     s18exact d
     echo "done at ${SECONDS} s"
     st_tar
@@ -3779,7 +3770,7 @@ s18e() {
     export ST_LIMIT
     st_ab s18row e-r2 1 2 200
     s18exact e
-    st_time 60 && { GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' st_row e-r1 r1 2GiB; st_tar; }
+    st_time 60 && { st_trow e-r1 r1 2GiB; st_tar; }
     st_ab s18row e-r2 3 4 60
     echo "done at ${SECONDS} s"
     st_tar
