@@ -3833,4 +3833,101 @@ s18i() {
     st_tar
 }
 
+# Session 19 (carry .stash and .whl/s19, this branch's build packed as
+# .whl/s18 was): why the texts with and without the expert cache differ
+# (session 18, s18g). R2's greedy text at 5 GPU experts: with the cache on
+# and off, with its directories emptied before every graph (=2: every
+# expert copied, into the same regions), on the slots without patch 0031's
+# prefetch, and without batched copies too; then with the cache on and off
+# under GGML_SCHED_EXPERT_VERIFY=1, which checks the bytes of every expert a
+# routed MUL_MAT_ID reads on the device against the expert the router chose.
+s19prep() { s17prep .whl/s19; }
+s19text() { # NAME [ENV=V...]: s18run's greedy text at 5 GPU experts, the checks' warnings beside it
+    local name=$1; shift
+    ( export "$@"; s18run "$name" --hybrid-experts 5 )
+    grep -hE "verify_experts|holds other bytes" "$RES/$name.log" | sed -E "s/^.*(WARN)[^ ]* //; s/^/$name: /" | head -12 || true
+}
+s19a() {
+    s19prep
+    s19text a-c1 GGML_SCHED_EXPERT_CACHE=1
+    s19text a-c0 GGML_SCHED_EXPERT_CACHE=0
+    s19text a-c2 GGML_SCHED_EXPERT_CACHE=2
+    s19text a-nopf GGML_SCHED_EXPERT_CACHE=0 GGML_SCHED_EXPERT_PREFETCH=0
+    s19text a-nopf-nobatch GGML_SCHED_EXPERT_CACHE=0 GGML_SCHED_EXPERT_PREFETCH=0 GGML_SCHED_BATCH_COPIES=0
+    st_tar
+    s19text a-c1-verify GGML_SCHED_EXPERT_CACHE=1 GGML_SCHED_EXPERT_VERIFY=1
+    s19text a-c0-verify GGML_SCHED_EXPERT_CACHE=0 GGML_SCHED_EXPERT_VERIFY=1
+    md5sum "$RES"/a-*.out
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s19b: the cache's text again under GGML_SCHED_EXPERT_VERIFY=1, which now
+# also checks every position of every directory before and after each graph,
+# names the expert a wrong position holds, and logs the copies; with the
+# scheduler's placement lines (GGML_SCHED_TIMING=1, llama.cpp's debug level).
+s19b() {
+    s19prep
+    s19text b-c1-verify GGML_SCHED_EXPERT_CACHE=1 GGML_SCHED_EXPERT_VERIFY=1 GGML_SCHED_TIMING=1 \
+        PIPESHARD_LOG=warn,pipeshard=info,llama.cpp=debug
+    grep -hE "verify_regions" "$RES/b-c1-verify.log" | sed -E "s/^.*(WARN)[^ ]* //" | head -20 || true
+    grep -hE "cache_place|cache_layout" "$RES/b-c1-verify.log" | sed -E "s/^.*(INFO|DEBUG)[^ ]* //" | sort | uniq -c | head || true
+    md5sum "$RES"/b-*.out
+    st_tar
+}
+
+# s19c: the fix (each region keeps the padding ggml-cuda's kernels clear
+# after it). R2's greedy text at 5 GPU experts with the cache on, off, and
+# on under the checks; sampled at temperature 1 with the cache on and off;
+# both modes against the full-GPU placement; R2 at 4 GiB as the planner
+# chooses, the cache on and off, interleaved.
+s19c() {
+    s19prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s19text c-c1 GGML_SCHED_EXPERT_CACHE=1
+    s19text c-c0 GGML_SCHED_EXPERT_CACHE=0
+    s19text c-c1-verify GGML_SCHED_EXPERT_CACHE=1 GGML_SCHED_EXPERT_VERIFY=1
+    grep -hE "verify_regions.*checked" "$RES/c-c1-verify.log" | sed -E "s/^.*(WARN)[^ ]* //" | tail -2 || true
+    s18text c-t1-on 1 --hybrid-experts 5
+    s18text c-t1-off 0 --hybrid-experts 5
+    md5sum "$RES"/c-*.out
+    st_tar
+    st_time 150 && { st_lossless lossless-r2 r2 4GiB; st_tar; }
+    st_ab s18row c-r2 1 3 75
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s19d: the reference session of the final build (the padding fix, and the
+# experts found placed before the misses) on one H200 host: R2's greedy text
+# at 5 GPU experts with the cache on, off and on under the checks; R2 at
+# 4 GiB as the planner chooses, the cache on and off, interleaved;
+# upstream's llama-bench built and run beside it (fit in the budget, full
+# GPU); R1 at 2 GiB and upstream's R1; both modes of R2 against the
+# full-GPU placement.
+s19d() {
+    s19prep
+    s17upstream
+    local ST_LIMIT=${ST_LIMIT:-585} i
+    export ST_LIMIT
+    s19text d-c1 GGML_SCHED_EXPERT_CACHE=1
+    s19text d-c0 GGML_SCHED_EXPERT_CACHE=0
+    s19text d-c1-verify GGML_SCHED_EXPERT_CACHE=1 GGML_SCHED_EXPERT_VERIFY=1
+    grep -hE "verify_regions.*checked" "$RES/d-c1-verify.log" | sed -E "s/^.*(WARN)[^ ]* //" | tail -1 || true
+    md5sum "$RES"/d-*.out; st_tar
+    s18row d-r2-1 1; s18row d-r2-off-1 0; s18row d-r2-2 1; s18row d-r2-off-2 0; s18row d-r2-3 1; st_tar
+    st_time 60 && { st_up d-up-r2-fit r2 4096; st_tar; }
+    st_time 60 && { st_up d-up-r2-full r2 full; st_tar; }
+    for i in 1 2; do
+        st_time 60 && st_trow d-r1-$i r1 2GiB
+    done
+    st_tar
+    st_time 60 && { st_up d-up-r1-fit r1 2048; st_tar; }
+    st_time 60 && { st_up d-up-r1-full r1 full; st_tar; }
+    st_time 80 && { st_lossless lossless-r2 r2 4GiB; st_tar; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
