@@ -3930,4 +3930,21 @@ s19d() {
     st_tar
 }
 
+# s19e: the final build on an H100 host: R2's greedy text at 5 GPU experts
+# with the cache on and off; R2 at 4 GiB as the planner chooses, the cache
+# on and off, interleaved; R1 at 2 GiB.
+s19e() {
+    s19prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s19text e-c1 GGML_SCHED_EXPERT_CACHE=1
+    s19text e-c0 GGML_SCHED_EXPERT_CACHE=0
+    md5sum "$RES"/e-*.out; st_tar
+    s18row e-r2-1 1; s18row e-r2-off-1 0; s18row e-r2-2 1; s18row e-r2-off-2 0; st_tar
+    st_time 60 && { s18row e-r2-3 1; st_tar; }
+    st_time 60 && { st_trow e-r1 r1 2GiB; st_tar; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
