@@ -3745,21 +3745,28 @@ s18exact() {
     st_time 90 && { s18row $1-r2-exact-on 1 --exact; s18row $1-r2-exact-off 0 --exact; st_tar
         grep -hE "not the expert cache" "$RES/$1-r2-exact-on.log" | tail -1 | sed -E "s/^.*cache_layout: /$1-exact: /" || true; }
 }
+# The rest of a reference session, after its R2 rows: upstream's R2 rows
+# (fit in the budget, full GPU), R1 at 2 GiB twice, upstream's R1 rows, and
+# both modes of R2 against the full-GPU placement.
+st_refs() { # PREFIX
+    local p=$1 i
+    st_time 60 && { st_up $p-up-r2-fit r2 4096; st_tar; }
+    st_time 60 && { st_up $p-up-r2-full r2 full; st_tar; }
+    for i in 1 2; do
+        st_time 60 && st_trow $p-r1-$i r1 2GiB
+    done
+    st_tar
+    st_time 60 && { st_up $p-up-r1-fit r1 2048; st_tar; }
+    st_time 60 && { st_up $p-up-r1-full r1 full; st_tar; }
+    st_time 80 && { st_lossless lossless-r2 r2 4GiB; st_tar; }
+}
 s18d() {
     s18prep
     s17upstream
-    local ST_LIMIT=${ST_LIMIT:-585} i
+    local ST_LIMIT=${ST_LIMIT:-585}
     export ST_LIMIT
     s18row d-r2-1 1; s18row d-r2-off-1 0; s18row d-r2-2 1; s18row d-r2-off-2 0; s18row d-r2-3 1; st_tar
-    st_time 60 && { st_up d-up-r2-fit r2 4096; st_tar; }
-    st_time 60 && { st_up d-up-r2-full r2 full; st_tar; }
-    for i in 1 2; do
-        st_time 60 && st_trow d-r1-$i r1 2GiB
-    done
-    st_tar
-    st_time 60 && { st_up d-up-r1-fit r1 2048; st_tar; }
-    st_time 60 && { st_up d-up-r1-full r1 full; st_tar; }
-    st_time 80 && { st_lossless lossless-r2 r2 4GiB; st_tar; }
+    st_refs d
     s18exact d
     echo "done at ${SECONDS} s"
     st_tar
@@ -3847,6 +3854,12 @@ s19text() { # NAME [ENV=V...]: s18run's greedy text at 5 GPU experts, the checks
     ( export "$@"; s18run "$name" --hybrid-experts 5 )
     grep -hE "verify_experts|holds other bytes" "$RES/$name.log" | sed -E "s/^.*(WARN)[^ ]* //; s/^/$name: /" | head -12 || true
 }
+s19texts() { # PREFIX N: s19text with the cache on, off, and on under the checks; the checks' last N counts
+    s19text $1-c1 GGML_SCHED_EXPERT_CACHE=1
+    s19text $1-c0 GGML_SCHED_EXPERT_CACHE=0
+    s19text $1-c1-verify GGML_SCHED_EXPERT_CACHE=1 GGML_SCHED_EXPERT_VERIFY=1
+    grep -hE "verify_regions.*checked" "$RES/$1-c1-verify.log" | sed -E "s/^.*(WARN)[^ ]* //" | tail -$2 || true
+}
 s19a() {
     s19prep
     s19text a-c1 GGML_SCHED_EXPERT_CACHE=1
@@ -3885,10 +3898,7 @@ s19c() {
     s19prep
     local ST_LIMIT=${ST_LIMIT:-585}
     export ST_LIMIT
-    s19text c-c1 GGML_SCHED_EXPERT_CACHE=1
-    s19text c-c0 GGML_SCHED_EXPERT_CACHE=0
-    s19text c-c1-verify GGML_SCHED_EXPERT_CACHE=1 GGML_SCHED_EXPERT_VERIFY=1
-    grep -hE "verify_regions.*checked" "$RES/c-c1-verify.log" | sed -E "s/^.*(WARN)[^ ]* //" | tail -2 || true
+    s19texts c 2
     s18text c-t1-on 1 --hybrid-experts 5
     s18text c-t1-off 0 --hybrid-experts 5
     md5sum "$RES"/c-*.out
@@ -3909,23 +3919,12 @@ s19c() {
 s19d() {
     s19prep
     s17upstream
-    local ST_LIMIT=${ST_LIMIT:-585} i
+    local ST_LIMIT=${ST_LIMIT:-585}
     export ST_LIMIT
-    s19text d-c1 GGML_SCHED_EXPERT_CACHE=1
-    s19text d-c0 GGML_SCHED_EXPERT_CACHE=0
-    s19text d-c1-verify GGML_SCHED_EXPERT_CACHE=1 GGML_SCHED_EXPERT_VERIFY=1
-    grep -hE "verify_regions.*checked" "$RES/d-c1-verify.log" | sed -E "s/^.*(WARN)[^ ]* //" | tail -1 || true
+    s19texts d 1
     md5sum "$RES"/d-*.out; st_tar
     s18row d-r2-1 1; s18row d-r2-off-1 0; s18row d-r2-2 1; s18row d-r2-off-2 0; s18row d-r2-3 1; st_tar
-    st_time 60 && { st_up d-up-r2-fit r2 4096; st_tar; }
-    st_time 60 && { st_up d-up-r2-full r2 full; st_tar; }
-    for i in 1 2; do
-        st_time 60 && st_trow d-r1-$i r1 2GiB
-    done
-    st_tar
-    st_time 60 && { st_up d-up-r1-fit r1 2048; st_tar; }
-    st_time 60 && { st_up d-up-r1-full r1 full; st_tar; }
-    st_time 80 && { st_lossless lossless-r2 r2 4GiB; st_tar; }
+    st_refs d
     echo "done at ${SECONDS} s"
     st_tar
 }
