@@ -3946,4 +3946,13 @@ s19e() {
     st_tar
 }
 
+# s19f: the final patch (the checks' message for an id that points outside
+# its region) on any host: s19texts.
+s19f() {
+    s19prep
+    s19texts f 1
+    md5sum "$RES"/f-*.out
+    st_tar
+}
+
 "$@"
