@@ -3955,4 +3955,15 @@ s19f() {
     st_tar
 }
 
+# s19g: after the review (one function empties a directory, for a new
+# placement and for GGML_SCHED_EXPERT_CACHE=2): s19texts, and the text with
+# the directories emptied before every graph.
+s19g() {
+    s19prep
+    s19texts g 1
+    s19text g-c2 GGML_SCHED_EXPERT_CACHE=2
+    md5sum "$RES"/g-*.out
+    st_tar
+}
+
 "$@"
