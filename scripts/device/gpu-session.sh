@@ -3966,4 +3966,268 @@ s19g() {
     st_tar
 }
 
+
+# Session 20 (carry .stash and .whl/s19): R1's CPU part. s20a times the CPU's
+# rows of a row split alone (scripts/device/dense-rows.c: patch 0017's two
+# graphs per layer, and one graph per layer with a column split of down),
+# alone and beside scripts/device/h2d-load.cu's pinned copies, then R1 at 2
+# GiB at forced shares with the scheduler's timing, and with OpenMP's and
+# the thread count's variants.
+s20micro() { # the CPU module, dense-rows and h2d-load into /root/m
+    mkdir -p /root/m/inc && tar -xzf dist/upstream/llama.cpp-pristine.tar.gz -C /root/m/inc --wildcards '*ggml/include/*'
+    local inc; inc=$(dirname "$(find /root/m/inc -name ggml.h -path '*ggml/include/*' | head -1)")
+    gcc -O2 -I"$inc" scripts/device/dense-rows.c -Ldist/lib -lggml -lggml-base -Wl,-rpath,$PWD/dist/lib -o /root/m/dense-rows
+    PATH=$PATH:/usr/local/cuda/bin nvcc -O2 scripts/device/h2d-load.cu -o /root/m/h2d-load
+}
+s20dr() { # NAME THREADS plain|repack SHARE: dense-rows, 20 tokens, 60 us between graphs
+    timeout 120 /root/m/dense-rows dist/lib/libggml-cpu.so "$2" 20 60 "$3" "$4" > "$RES/$1.txt" 2> /dev/null || echo "$1 failed: $?"
+    echo "== $1"; grep -E "^(rows|cols)" "$RES/$1.txt" || true
+}
+s20r1() { # NAME SHARE|- [EXTRA...]: R1 at 2 GiB at a forced row share (-: the tuner's), the scheduler's timing
+    local name=$1 f=$2 share=(); shift 2
+    [[ $f == - ]] || share=(--dense-split "$f")
+    st_trow "$name" r1 2GiB "${share[@]}" "$@"
+    grep -E "0-token graphs" "$RES/$name.log" | tail -2 | sed -E "s/^.*graphs over 32: //; s/;.*$//; s/^/$name: /" || true
+}
+s20a() {
+    s19prep
+    s20micro
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s20dr m-t16-repack-42 16 repack 0.42
+    s20dr m-t16-plain-42 16 plain 0.42
+    s20dr m-t15-repack-42 15 repack 0.42
+    s20dr m-t16-repack-100 16 repack 1.0
+    /root/m/h2d-load 50 > "$RES/h2d-m.txt" & sleep 1
+    s20dr m-t16-repack-42-dma 16 repack 0.42
+    s20dr m-t15-repack-42-dma 15 repack 0.42
+    s20dr m-t16-repack-50-dma 16 repack 0.50
+    s20dr m-t16-plain-42-dma 16 plain 0.42
+    wait; cat "$RES/h2d-m.txt"
+    st_tar
+    s20r1 a-f58 0.58
+    s20r1 a-f50 0.50
+    OMP_WAIT_POLICY=active s20r1 a-f58-active 0.58
+    OMP_PROC_BIND=close OMP_PLACES=cores s20r1 a-f58-bind 0.58
+    ST_T=15 s20r1 a-f58-t15 0.58
+    st_time 40 && s20r1 a-f54 0.54
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+s20prep() { s17prep .whl/s20; }
+# s20c (carry .stash and .whl/s20): what slows the CPU's splits in R1's
+# decode against dense-rows alone: OpenMP's spinning, the memory sampler's
+# NVML queries, thread binding, 15 threads; then the best at lower shares.
+s20c() {
+    s20prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    export GOMP_SPINCOUNT=20000000
+    s20r1 c-f58-spin 0.58
+    PIPESHARD_MEMORY_SAMPLE_MS=1000 s20r1 c-f58-s1000 0.58
+    OMP_PROC_BIND=close OMP_PLACES=cores s20r1 c-f58-bind 0.58
+    ST_T=15 s20r1 c-f58-t15 0.58
+    export PIPESHARD_MEMORY_SAMPLE_MS=1000 OMP_PROC_BIND=close OMP_PLACES=cores
+    s20r1 c-f58-all 0.58
+    s20r1 c-f54-all 0.54
+    s20r1 c-f50-all 0.50
+    st_time 40 && s20r1 c-f62-all 0.62
+    st_time 40 && s20r1 c-tuned-all -
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s20d (carry .stash and .whl/s20): R1's decode at 58% and 50% of the rows on
+# the GPU under the CUPTI recorder (s15trace), to see why 50% waits longer.
+s20d() {
+    s20prep
+    export GOMP_SPINCOUNT=20000000
+    s15trace t-f58 r1 2GiB 16 --dense-split 0.58
+    s15trace t-f50 r1 2GiB 16 --dense-split 0.50
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s20e (carry .stash and .whl/s20): R1 at forced shares with 6 and 8
+# streaming slots (the link's lookahead), OpenMP spinning between splits.
+s20e() {
+    s20prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT GOMP_SPINCOUNT=20000000
+    s20r1 e-s6-f54 0.54 --stream-slots 6
+    s20r1 e-s8-f54 0.54 --stream-slots 8
+    s20r1 e-s8-f50 0.50 --stream-slots 8
+    s20r1 e-s6-f58 0.58 --stream-slots 6
+    s20r1 e-s4-f58 0.58
+    s20r1 e-s8-f58 0.58 --stream-slots 8
+    st_time 40 && s20r1 e-s6-f50 0.50 --stream-slots 6
+    st_time 40 && s20r1 e-s12-f50 0.50 --stream-slots 12
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s20f (carry .stash and .whl/s20): R1's default mode against the full GPU
+# (`lossless`, 32 tokens) at 50% and 58% of the rows on the GPU, and the
+# timing at 50% with the CPU's products copied synchronously.
+s20f() {
+    s20prep
+    export GOMP_SPINCOUNT=20000000
+    local f
+    for f in 0.50 0.58; do
+        timeout 200 $P lossless -m "$W/r1.gguf" --vram-budget 2GiB --profile "$RES/profile.yaml" -n 32 -t 16 \
+            --dense-split $f > "$RES/f-lossless-$f.json" 2> "$RES/f-lossless-$f.log" || echo "lossless $f failed: $?"
+        tail -3 "$RES/f-lossless-$f.log"
+    done
+    GGML_SCHED_SYNC_HOST_COPIES=1 s20r1 f-f50-sync 0.50
+    CUDA_DEVICE_MAX_CONNECTIONS=32 s20r1 f-f50-conn 0.50
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s20g (carry .stash and .whl/s20, patch 0041): R1 at forced shares with the
+# late refill on and off (GGML_SCHED_LATE_REFILL), then the tuner's choice.
+s20g() {
+    s20prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT GOMP_SPINCOUNT=20000000
+    local f
+    for f in 0.50 0.54 0.58; do
+        s20r1 g-f${f#0.}-late $f
+        GGML_SCHED_LATE_REFILL=0 s20r1 g-f${f#0.}-now $f
+    done
+    s20r1 g-f46-late 0.46
+    s20r1 g-tuned-late -
+    st_time 40 && GGML_SCHED_LATE_REFILL=0 s20r1 g-tuned-now -
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s20h (carry .stash and .whl/s20, patch 0041): R1 at 50% under the CUPTI recorder.
+s20h() {
+    s20prep
+    export GOMP_SPINCOUNT=20000000
+    s15trace h-f50 r1 2GiB 16 --dense-split 0.50
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s20i (carry .stash and .whl/s20): what host memory gives the CPU beside
+# the link when the link reads DRAM as the streamed weights do: h2d-load
+# over 4 GiB of host memory against its usual 64 MiB, beside host-bw (16
+# threads) and dense-rows (the CPU's rows at 42% and 50%).
+s20i() {
+    s20prep
+    s20micro
+    gcc -O2 -mavx2 -fopenmp scripts/device/host-bw.c -o /root/m/host-bw
+    {
+        /root/m/host-bw 16 8 4
+        /root/m/h2d-load 4
+        /root/m/h2d-load 4 4096
+        for mib in 64 4096; do
+            /root/m/h2d-load 14 $mib & sleep 3; /root/m/host-bw 16 8 4; wait
+        done
+    } 2>&1 | tee "$RES/i-host-bw.txt"
+    s20irows
+}
+s20irows() { # dense-rows beside h2d-load over 64 MiB and 4 GiB of host memory
+    local mib
+    for mib in 64 4096; do
+        /root/m/h2d-load 40 $mib > "$RES/i-h2d-$mib.txt" & sleep 3
+        s20dr i-t16-repack-42-dma$mib 16 repack 0.42
+        s20dr i-t16-repack-50-dma$mib 16 repack 0.50
+        wait; cat "$RES/i-h2d-$mib.txt"
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+s20j() { s20prep; s20micro; s20irows; }
+# s20k (carry .stash and .whl/s20: the final build, patch 0041 and the
+# workers' spin): the reference session. Upstream's llama-bench built here;
+# R2 at 4 GiB and R1 at 2 GiB twice each, then once with libgomp's default
+# spin (GOMP_SPINCOUNT=300000) and once with the refill at once
+# (GGML_SCHED_LATE_REFILL=0); upstream's rows, fitted and full GPU. Call k
+# ran a build that set GOMP_SPINCOUNT=20000000 itself where it was unset
+# (since removed): with today's build the first rows spin as the third does.
+s20k() {
+    s20prep
+    s17upstream
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s18row k-r2-1 1; s18row k-r2-2 1
+    GOMP_SPINCOUNT=300000 s18row k-r2-nospin 1
+    GGML_SCHED_LATE_REFILL=0 s18row k-r2-early 1
+    st_tar
+    s20r1 k-r1-1 -; s20r1 k-r1-2 -
+    GOMP_SPINCOUNT=300000 s20r1 k-r1-nospin -
+    GGML_SCHED_LATE_REFILL=0 s20r1 k-r1-early -
+    st_tar
+    st_time 60 && { st_up k-up-r1-fit r1 2048; st_tar; }
+    st_time 60 && { st_up k-up-r1-full r1 full; st_tar; }
+    st_time 60 && { st_up k-up-r2-fit r2 4096; st_tar; }
+    st_time 60 && { st_up k-up-r2-full r2 full; st_tar; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s20l (carry .stash and .whl/s20): patch 0041's refill late (1) and at
+# once (0, GGML_SCHED_LATE_REFILL=0), interleaved, R2 at 4 GiB three times
+# each and R1 at 2 GiB twice each, with libgomp's default spin.
+s20lrow() { # NAME LATE MODEL: R2 (s18row) or R1 (s20r1, the tuner's share)
+    if [[ $3 == r2 ]]; then GGML_SCHED_LATE_REFILL=$2 s18row "$1" 1; else GGML_SCHED_LATE_REFILL=$2 s20r1 "$1" -; fi
+}
+s20l() {
+    s20prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT GOMP_SPINCOUNT=300000
+    local i
+    for i in 1 2 3; do
+        st_time 90 || break
+        s20lrow l-r2-late-$i 1 r2; s20lrow l-r2-now-$i 0 r2; st_tar
+    done
+    for i in 1 2; do
+        st_time 60 || break
+        s20lrow l-r1-late-$i 1 r1; s20lrow l-r1-now-$i 0 r1; st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s20m (carry .stash and .whl/s20: patch 0041 refilling before a routed or
+# cached split's ids): the refill late and at once, interleaved: R2 at 4
+# GiB twice each, R1 at 2 GiB at 54% and at the tuner's share.
+s20m() {
+    s20prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    local i
+    for i in 1 2; do
+        s20lrow m-r2-late-$i 1 r2; s20lrow m-r2-now-$i 0 r2; st_tar
+    done
+    s20r1 m-r1-f54-late 0.54; GGML_SCHED_LATE_REFILL=0 s20r1 m-r1-f54-now 0.54; st_tar
+    st_time 50 && s20lrow m-r1-late 1 r1
+    st_time 50 && s20lrow m-r1-now 0 r1
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s20n (carry .stash and .whl/s20: the final build): the reference session
+# of the final build, upstream's llama-bench built and measured in the same
+# lease: R2 at 4 GiB and R1 at 2 GiB twice each, upstream fitted and on the
+# full GPU.
+s20n() {
+    s20prep
+    s17upstream
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s18row n-r2-1 1; s20r1 n-r1-1 -; s18row n-r2-2 1; s20r1 n-r1-2 -; st_tar
+    st_time 60 && { st_up n-up-r1-fit r1 2048; st_tar; }
+    st_time 60 && { st_up n-up-r1-full r1 full; st_tar; }
+    st_time 60 && { st_up n-up-r2-fit r2 4096; st_tar; }
+    st_time 60 && { st_up n-up-r2-full r2 full; st_tar; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
