@@ -18,6 +18,7 @@
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
+#include "micro-common.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -25,18 +26,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
-
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static uint64_t rng = 88172645463325252ull;
-static uint64_t next(void) {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-    return rng;
-}
 
 static int cmp_double(const void * a, const void * b) {
     const double x = *(const double *) a, y = *(const double *) b;
@@ -51,18 +40,6 @@ struct bench {
     int                  iters;
     double               gap_us;
 };
-
-// one set of the whole tensor: the repacking buffer type takes no partial sets
-static void fill_random(struct ggml_tensor * t) {
-    const size_t n = ggml_nbytes(t);
-    uint64_t * buf = malloc(n + 8);
-    for (size_t i = 0; i < (n + 7) / 8; i++) {
-        // Q4_0 blocks start with an fp16 scale: keep it finite (exponent below 31)
-        buf[i] = next() & 0xbfffbfffbfffbfffull;
-    }
-    ggml_backend_tensor_set(t, buf, 0, n);
-    free(buf);
-}
 
 // times one graph over the iterations, new experts each time; prints mean and median
 static void run(struct bench * b, const char * name, int k, int n_mat, struct ggml_cgraph * gf, struct ggml_gallocr * ga) {

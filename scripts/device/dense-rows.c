@@ -13,6 +13,7 @@
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
+#include "micro-common.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -20,29 +21,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static uint64_t rng = 88172645463325252ull;
-static uint64_t next(void) {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-    return rng;
-}
-
 enum { N_EMBD = 4096, N_FF = 14336, N_LAYER = 32 };
-
-static void fill_random(struct ggml_tensor * t) {
-    const size_t n = ggml_nbytes(t);
-    uint64_t * buf = malloc(n + 8);
-    for (size_t i = 0; i < (n + 7) / 8; i++) {
-        buf[i] = next() & 0xbfffbfffbfffbfffull; // finite fp16 scales
-    }
-    ggml_backend_tensor_set(t, buf, 0, n);
-    free(buf);
-}
 
 static struct ggml_context * graph_ctx(void) {
     struct ggml_init_params p = { ggml_tensor_overhead() * 64 + ggml_graph_overhead(), NULL, true };

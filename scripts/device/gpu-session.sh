@@ -4039,15 +4039,18 @@ s20c() {
 }
 
 # s20d (carry .stash and .whl/s20): R1's decode at 58% and 50% of the rows on
-# the GPU under the CUPTI recorder (s15trace), to see why 50% waits longer.
-s20d() {
+# the GPU under the CUPTI recorder (s15trace), to see why 50% waits longer;
+# s20h: the same at 50% (call h, with patch 0041's first form).
+s20traces() { # PREFIX SHARE...: s15trace of R1 at 2 GiB at each share (PREFIX-fNN), OpenMP spinning
     s20prep
     export GOMP_SPINCOUNT=20000000
-    s15trace t-f58 r1 2GiB 16 --dense-split 0.58
-    s15trace t-f50 r1 2GiB 16 --dense-split 0.50
+    local p=$1 f; shift
+    for f in "$@"; do s15trace "$p-f${f#0.}" r1 2GiB 16 --dense-split "$f"; done
     echo "done at ${SECONDS} s"
     st_tar
 }
+s20d() { s20traces t 0.58 0.50; }
+s20h() { s20traces h 0.50; }
 
 # s20e (carry .stash and .whl/s20): R1 at forced shares with 6 and 8
 # streaming slots (the link's lookahead), OpenMP spinning between splits.
@@ -4103,14 +4106,6 @@ s20g() {
     st_tar
 }
 
-# s20h (carry .stash and .whl/s20, patch 0041): R1 at 50% under the CUPTI recorder.
-s20h() {
-    s20prep
-    export GOMP_SPINCOUNT=20000000
-    s15trace h-f50 r1 2GiB 16 --dense-split 0.50
-    echo "done at ${SECONDS} s"
-    st_tar
-}
 
 # s20i (carry .stash and .whl/s20): what host memory gives the CPU beside
 # the link when the link reads DRAM as the streamed weights do: h2d-load
