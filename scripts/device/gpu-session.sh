@@ -4225,4 +4225,13 @@ s20n() {
     st_tar
 }
 
+# s20o (carry .stash and .whl/s20: the final build): the same on an H100
+# host, without upstream: R2 at 4 GiB twice, R1 at 2 GiB once.
+s20o() {
+    s20prep
+    s18row o-r2-1 1; s20r1 o-r1-1 -; s18row o-r2-2 1
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
