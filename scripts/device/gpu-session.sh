@@ -3748,16 +3748,18 @@ s18exact() {
 # The rest of a reference session, after its R2 rows: upstream's R2 rows
 # (fit in the budget, full GPU), R1 at 2 GiB twice, upstream's R1 rows, and
 # both modes of R2 against the full-GPU placement.
+st_ups() { # PREFIX MODEL BUDGET_MIB: upstream's MODEL fitted in the budget, then on the full GPU, each while time allows
+    st_time 60 && { st_up "$1-up-$2-fit" "$2" "$3"; st_tar; }
+    st_time 60 && { st_up "$1-up-$2-full" "$2" full; st_tar; }
+}
 st_refs() { # PREFIX
     local p=$1 i
-    st_time 60 && { st_up $p-up-r2-fit r2 4096; st_tar; }
-    st_time 60 && { st_up $p-up-r2-full r2 full; st_tar; }
+    st_ups $p r2 4096
     for i in 1 2; do
         st_time 60 && st_trow $p-r1-$i r1 2GiB
     done
     st_tar
-    st_time 60 && { st_up $p-up-r1-fit r1 2048; st_tar; }
-    st_time 60 && { st_up $p-up-r1-full r1 full; st_tar; }
+    st_ups $p r1 2048
     st_time 80 && { st_lossless lossless-r2 r2 4GiB; st_tar; }
 }
 s18d() {
@@ -4158,10 +4160,8 @@ s20k() {
     GOMP_SPINCOUNT=300000 s20r1 k-r1-nospin -
     GGML_SCHED_LATE_REFILL=0 s20r1 k-r1-early -
     st_tar
-    st_time 60 && { st_up k-up-r1-fit r1 2048; st_tar; }
-    st_time 60 && { st_up k-up-r1-full r1 full; st_tar; }
-    st_time 60 && { st_up k-up-r2-fit r2 4096; st_tar; }
-    st_time 60 && { st_up k-up-r2-full r2 full; st_tar; }
+    st_ups k r1 2048
+    st_ups k r2 4096
     echo "done at ${SECONDS} s"
     st_tar
 }
@@ -4217,10 +4217,8 @@ s20n() {
     local ST_LIMIT=${ST_LIMIT:-585}
     export ST_LIMIT
     s18row n-r2-1 1; s20r1 n-r1-1 -; s18row n-r2-2 1; s20r1 n-r1-2 -; st_tar
-    st_time 60 && { st_up n-up-r1-fit r1 2048; st_tar; }
-    st_time 60 && { st_up n-up-r1-full r1 full; st_tar; }
-    st_time 60 && { st_up n-up-r2-fit r2 4096; st_tar; }
-    st_time 60 && { st_up n-up-r2-full r2 full; st_tar; }
+    st_ups n r1 2048
+    st_ups n r2 4096
     echo "done at ${SECONDS} s"
     st_tar
 }
