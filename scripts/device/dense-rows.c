@@ -8,7 +8,7 @@
 //          the matching columns of down (a column split of down)
 // SHARE is the CPU's share of each weight's rows (of up, gate and down).
 // Between two graphs the host spins GAP us, as it waits for the GPU in a step.
-//   gcc -O2 -I<ggml>/include dense-rows.c -L<lib> -lggml -lggml-base -o dense-rows
+//   gcc -O2 -I<ggml>/include dense-rows.c -L<lib> -lggml -lggml-base -lm -o dense-rows
 //   dense-rows CPU_MODULE.so THREADS TOKENS GAP_US plain|repack SHARE
 #include "ggml.h"
 #include "ggml-alloc.h"
@@ -20,12 +20,62 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <math.h>
 
 enum { N_EMBD = 4096, N_FF = 14336, N_LAYER = 32 };
 
 static struct ggml_context * graph_ctx(void) {
     struct ggml_init_params p = { ggml_tensor_overhead() * 64 + ggml_graph_overhead(), NULL, true };
     return ggml_init(p);
+}
+
+// The largest difference between the repacked and the plain kernels' products of the same random K x ROWS
+// weights, relative to the largest product
+static double check_repack(ggml_backend_t cpu, ggml_backend_buffer_type_t repack, int64_t k, int64_t rows, const float * xv) {
+    struct ggml_init_params p = { ggml_tensor_overhead() * 2, NULL, true };
+    struct ggml_context * cw = ggml_init(p), * cr = ggml_init(p), * cx = ggml_init(p);
+    struct ggml_tensor * w_plain = ggml_new_tensor_2d(cw, GGML_TYPE_Q4_0, k, rows);
+    struct ggml_tensor * w_rep   = ggml_new_tensor_2d(cr, GGML_TYPE_Q4_0, k, rows);
+    struct ggml_tensor * x       = ggml_new_tensor_1d(cx, GGML_TYPE_F32, k);
+    ggml_backend_buffer_t bw = ggml_backend_alloc_ctx_tensors(cw, cpu);
+    ggml_backend_buffer_t br = ggml_backend_alloc_ctx_tensors_from_buft(cr, repack);
+    ggml_backend_buffer_t bx = ggml_backend_alloc_ctx_tensors(cx, cpu);
+    fill_random(w_plain);
+    void * raw = malloc(ggml_nbytes(w_plain));
+    ggml_backend_tensor_get(w_plain, raw, 0, ggml_nbytes(w_plain));
+    ggml_backend_tensor_set(w_rep, raw, 0, ggml_nbytes(w_rep));
+    free(raw);
+    ggml_backend_tensor_set(x, xv, 0, sizeof(float) * k);
+    struct ggml_context * cg = graph_ctx();
+    struct ggml_cgraph * gf = ggml_new_graph(cg);
+    struct ggml_tensor * yp = ggml_mul_mat(cg, w_plain, x);
+    struct ggml_tensor * yr = ggml_mul_mat(cg, w_rep, x);
+    ggml_build_forward_expand(gf, yp);
+    ggml_build_forward_expand(gf, yr);
+    ggml_gallocr_t ga = ggml_gallocr_new(ggml_backend_get_default_buffer_type(cpu));
+    double rel = -1;
+    if (ggml_gallocr_alloc_graph(ga, gf) && ggml_backend_graph_compute(cpu, gf) == GGML_STATUS_SUCCESS) {
+        float * a = malloc(sizeof(float) * rows), * b = malloc(sizeof(float) * rows);
+        ggml_backend_tensor_get(yp, a, 0, sizeof(float) * rows);
+        ggml_backend_tensor_get(yr, b, 0, sizeof(float) * rows);
+        double d = 0, m = 0;
+        for (int64_t i = 0; i < rows; i++) {
+            d = fmax(d, fabs((double) a[i] - b[i]));
+            m = fmax(m, fabs((double) a[i]));
+        }
+        rel = m > 0 ? d / m : d;
+        free(a);
+        free(b);
+    }
+    ggml_gallocr_free(ga);
+    ggml_free(cg);
+    ggml_backend_buffer_free(bw);
+    ggml_backend_buffer_free(br);
+    ggml_backend_buffer_free(bx);
+    ggml_free(cw);
+    ggml_free(cr);
+    ggml_free(cx);
+    return rel;
 }
 
 int main(int argc, char ** argv) {
@@ -92,6 +142,12 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < N_FF; i++) xv[i] = (float) (next() % 2000) / 1000.0f - 1.0f;
     ggml_backend_tensor_set(x, xv, 0, sizeof(float) * N_EMBD);
     ggml_backend_tensor_set(h, xv, 0, sizeof(float) * N_FF);
+
+    if (wbuft != ggml_backend_get_default_buffer_type(cpu)) {
+        // the repacked kernels against the plain ones (must be float rounding, ~1e-6)
+        printf("check: repacked against plain, largest difference / largest value: up %.2e, down %.2e\n",
+               check_repack(cpu, wbuft, N_EMBD, r_ff, xv), check_repack(cpu, wbuft, N_FF, r_embd, xv));
+    }
 
     const double rows_bytes = (double) N_LAYER * (ggml_nbytes(up[0]) + ggml_nbytes(gate[0]) + ggml_nbytes(down_r[0]));
     const double cols_bytes = (double) N_LAYER * (ggml_nbytes(up[0]) + ggml_nbytes(gate[0]) + ggml_nbytes(down_c[0]));
