@@ -1261,7 +1261,8 @@ fn the_decode_split_tuned_at_run_time_starts_from_the_cost_models_share() {
     switch.switch(&four);
     assert_eq!(switch.moe_split(hybrid_layer, 1), 4);
 
-    // R1 at 2 GiB: the dense row split, from its share in steps of 5%.
+    // R1 at 2 GiB: the dense row split, from its share in units of 2.5%
+    // (the climb steps by two).
     let dense = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
     let d = plan::make_plan(&dense, &fixture(), &PlanRequest::new(2 * GIB, 4352)).unwrap();
     assert!(d.row_split_share > 0.0);
@@ -1272,7 +1273,7 @@ fn the_decode_split_tuned_at_run_time_starts_from_the_cost_models_share() {
             start: d.row_split_share
         }
     );
-    let lower = match knob.setting(-1) {
+    let lower = match knob.setting(-2) {
         Some(SplitSetting::Rows(f)) => f,
         other => panic!("{other:?}"),
     };
