@@ -3978,7 +3978,7 @@ s19g() {
 s20micro() { # the CPU module, dense-rows and h2d-load into /root/m
     mkdir -p /root/m/inc && tar -xzf dist/upstream/llama.cpp-pristine.tar.gz -C /root/m/inc --wildcards '*ggml/include/*'
     local inc; inc=$(dirname "$(find /root/m/inc -name ggml.h -path '*ggml/include/*' | head -1)")
-    gcc -O2 -I"$inc" scripts/device/dense-rows.c -Ldist/lib -lggml -lggml-base -Wl,-rpath,$PWD/dist/lib -o /root/m/dense-rows
+    gcc -O2 -I"$inc" scripts/device/dense-rows.c -Ldist/lib -lggml -lggml-base -lm -Wl,-rpath,$PWD/dist/lib -o /root/m/dense-rows
     PATH=$PATH:/usr/local/cuda/bin nvcc -O2 scripts/device/h2d-load.cu -o /root/m/h2d-load
 }
 s20dr() { # NAME THREADS plain|repack SHARE: dense-rows, 20 tokens, 60 us between graphs
@@ -4228,6 +4228,244 @@ s20n() {
 s20o() {
     s20prep
     s18row o-r2-1 1; s20r1 o-r1-1 -; s18row o-r2-2 1
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# Session 21: patch 0042's 512-bit VNNI GEMV for repacked Q4_0. .whl/s21
+# holds the CPU module built here from the patched tree with the hosts'
+# features (AVX512, VBMI, VNNI, BF16, AVX-VNNI); the stash's is the same
+# features without the patch. s21mod puts one in dist/lib.
+s21mod() { # old|new
+    mkdir -p /root/m
+    [[ -f /root/m/cpu-old.so ]] || cp /root/cudalib/libggml-cpu.so /root/m/cpu-old.so
+    [[ -f /root/m/cpu-new.so ]] || xz -dc .whl/s21/libggml-cpu.so.xz > /root/m/cpu-new.so
+    cp "/root/m/cpu-$1.so" dist/lib/libggml-cpu.so
+}
+s21dr() { # NAME old|new SHARE: s20dr with that module (16 threads, repacked)
+    timeout 120 /root/m/dense-rows "/root/m/cpu-$2.so" 16 20 60 repack "$3" > "$RES/$1.txt" 2> /dev/null || echo "$1 failed: $?"
+    echo "== $1"; grep -E "^(check|rows|cols)" "$RES/$1.txt" || true
+}
+# s21a (carry .stash, .whl/s20 and .whl/s21): the CPU's part alone and
+# beside the link with each module, then R1 at 2 GiB (the tuner's share)
+# and R2 at 4 GiB with each, interleaved.
+s21a() {
+    s20prep
+    s20micro
+    s21mod new
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s21dr a-old-42 old 0.42; s21dr a-new-42 new 0.42
+    /root/m/h2d-load 30 4096 > "$RES/h2d-a.txt" & sleep 1
+    s21dr a-old-42-dma old 0.42; s21dr a-new-42-dma new 0.42; s21dr a-new-30-dma new 0.30
+    wait; cat "$RES/h2d-a.txt"
+    st_tar
+    s21mod new; s20r1 a-r1-new-1 -
+    s21mod old; s20r1 a-r1-old-1 -
+    s21mod new; s20r1 a-r1-new-2 -
+    st_tar
+    st_time 70 && { s21mod new; s18row a-r2-new-1 1; }
+    st_time 70 && { s21mod old; s18row a-r2-old-1 1; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# s21b (carry .stash, .whl/s20 and .whl/s21: the new module reading the
+# prefetch distance in blocks from GGML_Q4_PF, an experiment that this
+# tree no longer builds; patch 0042 prefetches 32 blocks ahead): host memory
+# alone, then dense-rows with the new module at each distance, alone and
+# beside the link, and R1 at 2 GiB with and without a prefetch.
+s21pf() { # NAME PF [THREADS]: dense-rows with the new module, 42%, at that prefetch distance
+    GGML_Q4_PF=$2 timeout 120 /root/m/dense-rows /root/m/cpu-new.so "${3:-16}" 20 60 repack 0.42 > "$RES/$1.txt" 2> /dev/null || echo "$1 failed: $?"
+    echo "== $1"; grep -E "^(check|rows|cols)" "$RES/$1.txt" || true
+}
+s21b() {
+    s20prep
+    s20micro
+    gcc -O2 -mavx2 -fopenmp scripts/device/host-bw.c -o /root/m/host-bw
+    s21mod new
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    /root/m/host-bw 16 8 4 | tee "$RES/b-host-bw.txt"
+    local pf
+    for pf in 0 16 32 64; do s21pf b-pf$pf $pf; done
+    s21pf b-pf32-t8 32 8
+    /root/m/h2d-load 45 4096 > "$RES/h2d-b.txt" & sleep 1
+    for pf in 0 16 32 64; do s21pf b-pf$pf-dma $pf; done
+    wait; cat "$RES/h2d-b.txt"
+    st_tar
+    GGML_Q4_PF=32 s20r1 b-r1-pf32-1 -
+    GGML_Q4_PF=0 s20r1 b-r1-pf0-1 -
+    GGML_Q4_PF=32 s20r1 b-r1-pf32-2 -
+    st_time 70 && GGML_Q4_PF=32 s20r1 b-r1-pf32-f50 0.50
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# s21c (carry .stash, .whl/s20 and .whl/s21: the final new module): the
+# host's NUMA and SMT layout and huge-page setting, then R1 at 2 GiB at a
+# forced 53% with the new module under thread and OpenMP variants (what
+# keeps the CPU's part at ~47 GB/s in the step against ~62 beside the link
+# alone).
+s21c() {
+    s20prep
+    s21mod new
+    { lscpu | grep -iE "numa|socket|core|thread|mhz|cache"; lscpu -e; cat /sys/kernel/mm/transparent_hugepage/enabled; } > "$RES/c-cpu.txt" 2>&1 || true
+    grep -iE "numa node|socket|per core" "$RES/c-cpu.txt" || true
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s20r1 c-f53 0.53
+    ST_T=15 s20r1 c-f53-t15 0.53
+    OMP_WAIT_POLICY=active s20r1 c-f53-active 0.53
+    PIPESHARD_MEMORY_SAMPLE_MS=60000 s20r1 c-f53-nosampler 0.53
+    st_tar
+    st_time 60 && ST_T=14 s20r1 c-f53-t14 0.53
+    st_time 60 && ST_T=8 s20r1 c-f53-t8 0.53
+    st_time 60 && s20r1 c-f53-2 0.53
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# s21d (as s21c): R1 at 2 GiB at forced shares below the tuner's reach
+# (its climb from the cost model's 73% stops after 5 probes, at 53%), with
+# the new module and the old.
+s21d() {
+    s20prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s21mod new; s20r1 d-new-f48 0.48
+    s21mod new; s20r1 d-new-f43 0.43
+    s21mod old; s20r1 d-old-f48 0.48
+    st_tar
+    st_time 60 && { s21mod new; s20r1 d-new-f48-2 0.48; }
+    st_time 60 && { s21mod old; s20r1 d-old-f53 0.53; }
+    st_time 60 && { s21mod new; s20r1 d-new-f45 0.45; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# s21e (carry .stash and .whl/s21: this session's build, with the row
+# climb of 10 probes and half steps, and the new module reading a prefetch
+# distance in blocks from GGML_Q4_PF, the experiment of s21b): R1 at 2 GiB at the
+# tuner's share with the new module and no prefetch, 16 or 32 blocks ahead,
+# interleaved, then with the old module.
+s21prep() { s17prep .whl/s21; }
+s21e() {
+    s21prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    local i pf
+    s21mod new
+    for i in 1 2; do
+        for pf in 0 16 32; do
+            st_time 60 && GGML_Q4_PF=$pf s20r1 e-new-pf$pf-$i -
+        done
+        st_tar
+    done
+    st_time 60 && { s21mod old; s20r1 e-old-1 -; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# s21f and s21k (carry .stash and .whl/s21: the final build and module):
+# the reference sessions, on two H200 hosts. Upstream's llama-bench is
+# built here with the stash's CPU module (the release's kernels); R2 at 4
+# GiB and R1 at 2 GiB with the new module twice and the old once,
+# interleaved; upstream fitted and on the full GPU; the final module's rows
+# alone and beside the link.
+s21ref() { # PREFIX
+    local x=$1
+    s21prep
+    s17upstream
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s21mod new; s18row "$x-r2-new-1" 1; s20r1 "$x-r1-new-1" -
+    s21mod old; s18row "$x-r2-old-1" 1; s20r1 "$x-r1-old-1" -
+    st_tar
+    s21mod new; s18row "$x-r2-new-2" 1; s20r1 "$x-r1-new-2" -
+    st_tar
+    st_ups "$x" r1 2048
+    st_ups "$x" r2 4096
+    if st_time 60; then
+        s20micro
+        s21dr "$x-new-42" new 0.42
+        /root/m/h2d-load 15 4096 > "$RES/h2d-$x.txt" & sleep 1
+        s21dr "$x-new-42-dma" new 0.42
+        wait; cat "$RES/h2d-$x.txt"
+    fi
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+s21f() { s21ref f; }
+s21k() { s21ref k; }
+
+# s21g (carry .stash and .whl/s21, on an H100 host): R1 at 2 GiB and R2 at
+# 4 GiB with the new module, R1 with the old.
+s21g() {
+    s21prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s21mod new; s20r1 g-r1-new-1 -; s18row g-r2-new-1 1
+    s21mod old; s20r1 g-r1-old-1 -
+    st_tar
+    st_time 70 && { s21mod new; s20r1 g-r1-new-2 -; }
+    st_time 70 && { s21mod old; s18row g-r2-old-1 1; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# s21h and s21i (carry .stash and .whl/s21: this session's build with
+# experiment 0043, not landed: bench/results/session21/i-h200-swiglu-cpu-
+# first/experiment-0043.patch; without it both rows run the same build):
+# R1 at 2 GiB at the tuner's share with the SwiGLU on each side (h: the
+# GPU's rows of up and gate before the CPU's, one wait per layer; i: after
+# them, as patch 0017 orders them) and without it (LLAMA_ROW_SPLIT_FUSED=0),
+# interleaved; then both modes of R1 against the full-GPU placement.
+s21ab() { # PREFIX
+    s21prep
+    s21mod new
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    local i
+    for i in 1 2; do
+        st_time 60 && s20r1 "$1-r1-fused-$i" -
+        st_time 60 && LLAMA_ROW_SPLIT_FUSED=0 s20r1 "$1-r1-two-$i" -
+        st_tar
+    done
+    st_time 120 && st_lossless "$1-lossless-r1" r1 2GiB
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+s21h() { s21ab h; }
+s21i() { s21ab i; }
+
+
+# s21j (as s21g, on the same H100 host): the CPU's rows with each module,
+# alone and beside the link; then R2 and R1 again with each, interleaved.
+s21j() {
+    s21prep
+    s20micro
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s21mod new
+    s21dr j-old-42 old 0.42; s21dr j-new-42 new 0.42
+    /root/m/h2d-load 30 4096 > "$RES/h2d-j.txt" & sleep 1
+    s21dr j-old-42-dma old 0.42; s21dr j-new-42-dma new 0.42
+    wait; cat "$RES/h2d-j.txt"
+    st_tar
+    s21mod old; s18row j-r2-old-1 1
+    s21mod new; s18row j-r2-new-1 1
+    st_tar
+    st_time 60 && { s21mod old; s20r1 j-r1-old-1 -; }
+    st_time 60 && { s21mod new; s20r1 j-r1-new-1 -; }
+    st_time 60 && { s21mod new; s18row j-r2-new-2 1; }
     echo "done at ${SECONDS} s"
     st_tar
 }
