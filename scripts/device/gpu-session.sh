@@ -4470,4 +4470,22 @@ s21j() {
     st_tar
 }
 
+
+# s21l (carry .stash and .whl/s21: the final build and module): a third
+# H200 host, without upstream: R1 at 2 GiB with the new module three times
+# and the old once, R2 at 4 GiB with the new once.
+s21l() {
+    s21prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s21mod new; s20r1 l-r1-new-1 -
+    s21mod old; s20r1 l-r1-old-1 -
+    s21mod new; s20r1 l-r1-new-2 -
+    st_tar
+    st_time 70 && { s21mod new; s18row l-r2-new-1 1; }
+    st_time 60 && { s21mod new; s20r1 l-r1-new-3 -; }
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
