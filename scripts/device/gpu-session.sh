@@ -4243,6 +4243,7 @@ s21mod() { # old|new
     [[ -f /root/m/cpu-new.so ]] || xz -dc .whl/s21/libggml-cpu.so.xz > /root/m/cpu-new.so
     cp "/root/m/cpu-$1.so" dist/lib/libggml-cpu.so
 }
+s21prep() { s17prep .whl/s21; } # this session's build (calls e-l)
 s21dr() { # NAME old|new SHARE: s20dr with that module (16 threads, repacked)
     timeout 120 /root/m/dense-rows "/root/m/cpu-$2.so" 16 20 60 repack "$3" > "$RES/$1.txt" 2> /dev/null || echo "$1 failed: $?"
     echo "== $1"; grep -E "^(check|rows|cols)" "$RES/$1.txt" || true
@@ -4354,7 +4355,6 @@ s21d() {
 # distance in blocks from GGML_Q4_PF, the experiment of s21b): R1 at 2 GiB at the
 # tuner's share with the new module and no prefetch, 16 or 32 blocks ahead,
 # interleaved, then with the old module.
-s21prep() { s17prep .whl/s21; }
 s21e() {
     s21prep
     local ST_LIMIT=${ST_LIMIT:-585}
