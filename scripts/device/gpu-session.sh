@@ -4488,4 +4488,48 @@ s21l() {
     st_tar
 }
 
+
+# s21m (carry .stash and .whl/s21, on an H100 host): where R1's step goes
+# there with the new module: forced 44%, 49% and 54% with the scheduler's
+# timing, 49% with the refill at once (GGML_SCHED_LATE_REFILL=0), and the
+# tuner's share; the CPU's rows alone and beside the link.
+s21m() {
+    s21prep
+    s20micro
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s21mod new
+    s21dr m-new-42 new 0.42
+    /root/m/h2d-load 15 4096 > "$RES/h2d-m.txt" & sleep 1
+    s21dr m-new-42-dma new 0.42
+    wait; cat "$RES/h2d-m.txt"
+    s20r1 m-r1-f49 0.49
+    s20r1 m-r1-f44 0.44
+    s20r1 m-r1-f54 0.54
+    st_tar
+    st_time 60 && GGML_SCHED_LATE_REFILL=0 s20r1 m-r1-f49-early 0.49
+    st_time 60 && s20r1 m-r1-tuned -
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+
+# s21n (as s21m, on the same H100 host): more streaming slots, where the
+# link lags at 44-49% there: forced 49% and 44% with 6 and 8 slots, and the
+# tuner's share with 6 and 8.
+s21n() {
+    s21prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s21mod new
+    s20r1 n-r1-f49-s6 0.49 --stream-slots 6
+    s20r1 n-r1-f49-s8 0.49 --stream-slots 8
+    s20r1 n-r1-f44-s8 0.44 --stream-slots 8
+    st_tar
+    st_time 60 && s20r1 n-r1-tuned-s8 - --stream-slots 8
+    st_time 60 && s20r1 n-r1-tuned-s6 - --stream-slots 6
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
