@@ -4532,4 +4532,17 @@ s21n() {
     st_tar
 }
 
+
+# s21o (carry .stash and .whl/s21, on an H100 host): CUPTI traces of R1 at
+# 2 GiB at 49% and 44% of the rows on the GPU with the new module, to see
+# why the link copies less in the step there than on H200 hosts.
+s21o() {
+    s21prep
+    s21mod new
+    local f
+    for f in 0.49 0.44; do s15trace "o-f${f#0.}" r1 2GiB 16 --dense-split "$f"; done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
