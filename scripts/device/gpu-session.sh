@@ -4545,4 +4545,26 @@ s21o() {
     st_tar
 }
 
+
+# s21p (carry .stash and .whl/s21, on an H100 host): host memory shared by
+# the CPU and the link, each side's rate measured while the other runs for
+# all of its time: host-bw and h2d-load alone, h2d-load inside host-bw,
+# host-bw inside h2d-load, and h2d-load inside dense-rows (new module).
+s21p() {
+    s21prep
+    s20micro
+    s21mod new
+    gcc -O2 -mavx2 -fopenmp scripts/device/host-bw.c -o /root/m/host-bw
+    {
+        echo "== alone"; /root/m/host-bw 16 8 4; /root/m/h2d-load 4 4096
+        echo "== h2d-load inside host-bw"; /root/m/host-bw 16 8 10 & sleep 3; /root/m/h2d-load 4 4096; wait
+        echo "== host-bw inside h2d-load"; /root/m/h2d-load 10 4096 & sleep 3; /root/m/host-bw 16 8 4; wait
+        echo "== h2d-load inside dense-rows"
+        timeout 120 /root/m/dense-rows /root/m/cpu-new.so 16 400 60 repack 0.60 2> /dev/null | grep -E "^(rows|cols)" &
+        sleep 15; /root/m/h2d-load 3 4096; wait
+    } 2>&1 | tee "$RES/p-host-memory.txt"
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
