@@ -192,6 +192,35 @@ pub fn list_devices() -> Vec<Device> {
     }
 }
 
+/// The features of the loaded CPU backend module, as it reports them
+/// (`("AVX2", "1")`, `("AVX512_VNNI", "1")`, ...): those it was built with
+/// that this CPU has. Empty where no CPU module is loaded or it reports none.
+pub fn cpu_features() -> Vec<(String, String)> {
+    // SAFETY: registry lookups with valid C strings. The entry point, where
+    // the module offers it, has ggml's `ggml_backend_get_features_t` type
+    // and returns an array that ends with a null name, whose strings live
+    // as long as the module (loaded for the process's life).
+    unsafe {
+        let reg = ffi::ggml_backend_reg_by_name(c"CPU".as_ptr());
+        if reg.is_null() {
+            return Vec::new();
+        }
+        let f = ffi::ggml_backend_reg_get_proc_address(reg, c"ggml_backend_get_features".as_ptr());
+        if f.is_null() {
+            return Vec::new();
+        }
+        let get: unsafe extern "C" fn(ffi::ggml_backend_reg_t) -> *mut ffi::ggml_backend_feature =
+            std::mem::transmute(f);
+        let mut out = Vec::new();
+        let mut p = get(reg);
+        while !p.is_null() && !(*p).name.is_null() {
+            out.push((c_str((*p).name), c_str((*p).value)));
+            p = p.add(1);
+        }
+        out
+    }
+}
+
 /// The first loaded device of a kind (ggml lists GPUs before the CPU).
 pub fn first_device(kind: DeviceKind) -> Option<Device> {
     list_devices().into_iter().find(|d| d.kind == kind)

@@ -30,8 +30,8 @@ mod server;
 mod vision;
 
 pub use backend::{
-    device_free_bytes, first_device, has_gpu, init, init_keep_log, list_devices, process_bytes_at_init, Device,
-    DeviceKind,
+    cpu_features, device_free_bytes, first_device, has_gpu, init, init_keep_log, list_devices, process_bytes_at_init,
+    Device, DeviceKind,
 };
 pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAttention, Perf};
 pub use error::{EngineError, Result};
