@@ -193,8 +193,9 @@ pub fn list_devices() -> Vec<Device> {
 }
 
 /// The features of the loaded CPU backend module, as it reports them
-/// (`("AVX2", "1")`, `("AVX512_VNNI", "1")`, ...): those it was built with
-/// that this CPU has. Empty where no CPU module is loaded or it reports none.
+/// (`("AVX2", "1")`, `("AVX512_VNNI", "1")`, ...): those it was built with,
+/// which ggml's loader takes only where this CPU has them. Empty where no
+/// CPU module is loaded or it reports none.
 pub fn cpu_features() -> Vec<(String, String)> {
     // SAFETY: registry lookups with valid C strings. The entry point, where
     // the module offers it, has ggml's `ggml_backend_get_features_t` type
