@@ -95,19 +95,15 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "usage: %s CPU_MODULE.so THREADS ITERS GAP_US\n", argv[0]);
         return 2;
     }
-    ggml_backend_reg_t reg = ggml_backend_load(argv[1]);
-    if (reg == NULL) {
-        fprintf(stderr, "cannot load %s\n", argv[1]);
+    const int n_threads = atoi(argv[2]);
+    ggml_backend_reg_t reg;
+    struct bench b = { 0 };
+    b.cpu = load_cpu(argv[1], n_threads, &reg);
+    if (b.cpu == NULL) {
         return 1;
     }
-    struct bench b = { 0 };
-    b.cpu    = ggml_backend_dev_init(ggml_backend_reg_dev_get(reg, 0), NULL);
     b.iters  = atoi(argv[3]);
     b.gap_us = atof(argv[4]);
-    const int n_threads = atoi(argv[2]);
-    ggml_backend_set_n_threads_t set_threads =
-        (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
-    set_threads(b.cpu, n_threads);
     printf("%s, %d threads, %d iterations, %.0f us between graphs\n", ggml_backend_name(b.cpu), n_threads, b.iters, b.gap_us);
 
     struct ggml_init_params wp = { ggml_tensor_overhead() * 16, NULL, true };
@@ -117,14 +113,7 @@ int main(int argc, char ** argv) {
     b.down    = ggml_new_tensor_3d(wctx, GGML_TYPE_Q4_0, N_FF, N_EMBD, N_EXPERT);
     ggml_backend_buffer_type_t wbuft = ggml_backend_get_default_buffer_type(b.cpu);
     if (argc > 5 && strncmp(argv[5], "repack", 6) == 0) {
-        ggml_backend_dev_get_extra_bufts_t get_extra =
-            (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
-        ggml_backend_buffer_type_t * extra = get_extra ? get_extra(ggml_backend_reg_dev_get(reg, 0)) : NULL;
-        for (; extra && *extra; extra++) {
-            if (strstr(ggml_backend_buft_name(*extra), "REPACK")) {
-                wbuft = *extra;
-            }
-        }
+        wbuft = repack_buft(reg, wbuft);
     }
     printf("experts in %s\n", ggml_backend_buft_name(wbuft));
     // the experts in one buffer, the activations, ids and weights in a plain one

@@ -83,26 +83,18 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "usage: %s CPU_MODULE.so THREADS TOKENS GAP_US plain|repack SHARE\n", argv[0]);
         return 2;
     }
-    ggml_backend_reg_t reg = ggml_backend_load(argv[1]);
-    if (reg == NULL) {
-        fprintf(stderr, "cannot load %s\n", argv[1]);
-        return 1;
-    }
-    ggml_backend_t cpu = ggml_backend_dev_init(ggml_backend_reg_dev_get(reg, 0), NULL);
     const int    n_threads = atoi(argv[2]);
     const int    n_tokens  = atoi(argv[3]);
     const double gap_us    = atof(argv[4]);
     const double share     = atof(argv[6]);
-    ((ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads"))(cpu, n_threads);
+    ggml_backend_reg_t reg;
+    ggml_backend_t cpu = load_cpu(argv[1], n_threads, &reg);
+    if (cpu == NULL) {
+        return 1;
+    }
     ggml_backend_buffer_type_t wbuft = ggml_backend_get_default_buffer_type(cpu);
     if (strcmp(argv[5], "repack") == 0) {
-        ggml_backend_dev_get_extra_bufts_t get_extra =
-            (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
-        for (ggml_backend_buffer_type_t * e = get_extra ? get_extra(ggml_backend_reg_dev_get(reg, 0)) : NULL; e && *e; e++) {
-            if (strstr(ggml_backend_buft_name(*e), "REPACK")) {
-                wbuft = *e;
-            }
-        }
+        wbuft = repack_buft(reg, wbuft);
     }
     // rows of up and gate (and columns of down) in multiples of 256, rows of down in multiples of 8 (the
     // repacked layout's interleave)

@@ -1,13 +1,15 @@
 // What the CPU micro-benchmarks (cpu-experts.c, dense-rows.c) share: a
-// monotonic clock in microseconds, a xorshift generator, and random Q4_0
-// weights.
+// monotonic clock in microseconds, a xorshift generator, random Q4_0
+// weights, and the CPU backend module with its repacking buffer type.
 #pragma once
 
 #include "ggml.h"
 #include "ggml-backend.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now_us(void) {
@@ -32,4 +34,30 @@ static void fill_random(struct ggml_tensor * t) {
     }
     ggml_backend_tensor_set(t, buf, 0, n);
     free(buf);
+}
+
+// The CPU backend module at PATH, its registry in *REG, running THREADS
+// threads; NULL (with a message) where it cannot be loaded
+static ggml_backend_t load_cpu(const char * path, int n_threads, ggml_backend_reg_t * reg) {
+    *reg = ggml_backend_load(path);
+    if (*reg == NULL) {
+        fprintf(stderr, "cannot load %s\n", path);
+        return NULL;
+    }
+    ggml_backend_t cpu = ggml_backend_dev_init(ggml_backend_reg_dev_get(*reg, 0), NULL);
+    ((ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(*reg, "ggml_backend_set_n_threads"))(cpu, n_threads);
+    return cpu;
+}
+
+// The module's repacking buffer type (the last extra one named *REPACK*), or
+// FALLBACK where it has none
+static ggml_backend_buffer_type_t repack_buft(ggml_backend_reg_t reg, ggml_backend_buffer_type_t fallback) {
+    ggml_backend_dev_get_extra_bufts_t get_extra =
+        (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
+    for (ggml_backend_buffer_type_t * e = get_extra ? get_extra(ggml_backend_reg_dev_get(reg, 0)) : NULL; e && *e; e++) {
+        if (strstr(ggml_backend_buft_name(*e), "REPACK")) {
+            fallback = *e;
+        }
+    }
+    return fallback;
 }
