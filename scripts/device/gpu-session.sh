@@ -4243,7 +4243,13 @@ s21mod() { # old|new
     [[ -f /root/m/cpu-new.so ]] || xz -dc .whl/s21/libggml-cpu.so.xz > /root/m/cpu-new.so
     cp "/root/m/cpu-$1.so" dist/lib/libggml-cpu.so
 }
-s21prep() { s17prep .whl/s21; } # this session's build (calls e-l)
+s21prep() { s17prep .whl/s21; } # this session's build (calls e-p)
+s21drpair() { # PREFIX: the new module's rows at 42% alone (PREFIX-new-42), then beside h2d-load over 4 GiB (PREFIX-new-42-dma, h2d-PREFIX.txt)
+    s21dr "$1-new-42" new 0.42
+    /root/m/h2d-load 15 4096 > "$RES/h2d-$1.txt" & sleep 1
+    s21dr "$1-new-42-dma" new 0.42
+    wait; cat "$RES/h2d-$1.txt"
+}
 s21dr() { # NAME old|new SHARE: s20dr with that module (16 threads, repacked)
     timeout 120 /root/m/dense-rows "/root/m/cpu-$2.so" 16 20 60 repack "$3" > "$RES/$1.txt" 2> /dev/null || echo "$1 failed: $?"
     echo "== $1"; grep -E "^(check|rows|cols)" "$RES/$1.txt" || true
@@ -4394,10 +4400,7 @@ s21ref() { # PREFIX
     st_ups "$x" r2 4096
     if st_time 60; then
         s20micro
-        s21dr "$x-new-42" new 0.42
-        /root/m/h2d-load 15 4096 > "$RES/h2d-$x.txt" & sleep 1
-        s21dr "$x-new-42-dma" new 0.42
-        wait; cat "$RES/h2d-$x.txt"
+        s21drpair "$x"
     fi
     echo "done at ${SECONDS} s"
     st_tar
@@ -4499,10 +4502,7 @@ s21m() {
     local ST_LIMIT=${ST_LIMIT:-585}
     export ST_LIMIT
     s21mod new
-    s21dr m-new-42 new 0.42
-    /root/m/h2d-load 15 4096 > "$RES/h2d-m.txt" & sleep 1
-    s21dr m-new-42-dma new 0.42
-    wait; cat "$RES/h2d-m.txt"
+    s21drpair m
     s20r1 m-r1-f49 0.49
     s20r1 m-r1-f44 0.44
     s20r1 m-r1-f54 0.54
