@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use pipeshard::engine::{buffer_types, Context, ContextParams, Model, ModelParams, RowSplitPolicy, Token};
+use pipeshard::engine::{argmax, buffer_types, Context, ContextParams, Model, ModelParams, RowSplitPolicy, Token};
 
 /// Whether this CPU runs the kernel: AVX-512 F, BW, VL and VNNI.
 fn has_avx512_vnni() -> bool {
@@ -131,13 +131,6 @@ fn avx512_vnni_repacked_q4_0_decodes_as_the_plain_weights() {
         let prompt = model.tokenize(&"the quick brown fox ".repeat(8), true, false).unwrap();
         let mut ctx = Context::new(model, params.clone()).unwrap();
         ctx.decode_tokens(&prompt, 0, true).unwrap();
-        let argmax = |l: &[f32]| {
-            l.iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .map(|(i, _)| i as Token)
-                .unwrap()
-        };
         let mut next = argmax(ctx.logits(-1).unwrap());
         let (mut chosen, mut logits) = (Vec::new(), Vec::new());
         for i in 0..8 {

@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use pipeshard::engine::{
-    buffer_types, stream_schedule, Context, ContextParams, Model, ModelParams, MoeSplitPolicy, Offload, OffloadPolicy,
-    OpKind, RowSplitPolicy, SamplingParams, StreamStep, TensorPlacement,
+    argmax, buffer_types, stream_schedule, Context, ContextParams, Model, ModelParams, MoeSplitPolicy, Offload,
+    OffloadPolicy, OpKind, RowSplitPolicy, SamplingParams, StreamStep, TensorPlacement,
 };
 use pipeshard::generate::{generate, GenerateRequest};
 
@@ -438,13 +438,7 @@ fn rebuilt_graphs_ask_the_split_policy_again() {
         let mut out = Vec::new();
         for i in 0..n {
             ctx.decode_tokens(&[tok], (pos + i) as i32, true).unwrap();
-            let l = ctx.logits(-1).unwrap();
-            tok = l
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .map(|(i, _)| i as i32)
-                .unwrap();
+            tok = argmax(ctx.logits(-1).unwrap());
             out.push(tok);
         }
         out
