@@ -4567,4 +4567,206 @@ s21p() {
     st_tar
 }
 
+
+# Session 22 (carry .stash and .whl/s22): .whl/s22 holds the call's build
+# and its CPU module, built here with the GPU hosts' AVX-512 features.
+# s22a-s22e ran builds this tree no longer makes (bench/results/session22
+# names them): experiment 0043 (the CPU's threads reading ahead a CPU
+# split's weight rows while the host waits for its inputs; off with
+# GGML_SCHED_CPU_PREFETCH=0) in all five, experiment 0044 (more, smaller
+# streaming slots in decode) in s22d. In later builds those variables do
+# nothing.
+s22prep() {
+    s17prep .whl/s22
+    xz -dc .whl/s22/libggml-cpu.so.xz > dist/lib/libggml-cpu.so
+}
+s22r1() { # NAME on|off SHARE|- [EXTRA...]: s20r1 with patch 0043's read-ahead on or off (GGML_SCHED_CPU_PREFETCH=0)
+    local name=$1 p=$2; shift 2
+    if [[ $p == off ]]; then GGML_SCHED_CPU_PREFETCH=0 s20r1 "$name" "$@"; else s20r1 "$name" "$@"; fi
+}
+# s22a: R1 at 2 GiB with the read-ahead off and on, interleaved, at a
+# forced 40% and at the tuner's share; two other read-ahead sizes; R2 at
+# 4 GiB with it on.
+s22a() {
+    s22prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s22r1 a-off-40 off 0.40; s22r1 a-on-40 on 0.40
+    s22r1 a-off-t off -; s22r1 a-on-t on -
+    st_tar
+    s22r1 a-off-40b off 0.40; s22r1 a-on-40b on 0.40
+    st_tar
+    st_time 60 && GGML_CPU_PREFETCH_KB=512 s22r1 a-on-40-512 on 0.40
+    st_time 60 && GGML_CPU_PREFETCH_KB=2048 s22r1 a-on-40-2048 on 0.40
+    st_time 60 && s18row a-r2-on 1
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s22b (carry .stash and .whl/s22; the build with the search that climbs
+# from the fastest share measured): R1 at 2 GiB at the tuner's share with
+# the read-ahead off and on, interleaved, twice; R2 at 4 GiB.
+s22b() {
+    s22prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s22r1 b-off-t off -; s22r1 b-on-t on -
+    st_tar
+    s22r1 b-off-t2 off -; s22r1 b-on-t2 on -
+    st_tar
+    st_time 60 && s18row b-r2-on 1
+    st_time 60 && s22r1 b-on-t3 on -
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s22ref PREFIX (carry .stash and .whl/s22; the build whose search walks
+# across plateaus): R1 at 2 GiB at the tuner's share with the read-ahead on
+# and off, interleaved, twice; R2 at 4 GiB; upstream's llama-bench from the
+# same release (the stash's CPU module), fitted in each budget and on the
+# full GPU.
+s22ref() {
+    local x=$1
+    s17prep .whl/s22
+    s17upstream
+    xz -dc .whl/s22/libggml-cpu.so.xz > dist/lib/libggml-cpu.so
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s22r1 "$x-r1-on-1" on -; s22r1 "$x-r1-off-1" off -; s18row "$x-r2-on-1" 1
+    st_tar
+    s22r1 "$x-r1-on-2" on -; s22r1 "$x-r1-off-2" off -
+    st_tar
+    st_ups "$x" r1 2048
+    st_ups "$x" r2 4096
+    st_time 40 && s22r1 "$x-r1-on-3" on -
+    st_time 40 && s18row "$x-r2-on-2" 1
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+s22c() { s22ref c; }
+
+# s22d (carry .stash and .whl/s22; the build with patch 0044): R1 at 2 GiB
+# with the decode layout's slots resized (default) and not
+# (GGML_SCHED_STREAM_SLOTS_RESIZE=0), interleaved, at the tuner's share and
+# at a forced 40%; R2 at 4 GiB.
+s22d() {
+    s22prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s22r1 d-rs-t on -; GGML_SCHED_STREAM_SLOTS_RESIZE=0 s22r1 d-fixed-t on -
+    st_tar
+    s22r1 d-rs-40 on 0.40; GGML_SCHED_STREAM_SLOTS_RESIZE=0 s22r1 d-fixed-40 on 0.40
+    st_tar
+    s22r1 d-rs-t2 on -; GGML_SCHED_STREAM_SLOTS_RESIZE=0 s22r1 d-fixed-t2 on -
+    st_tar
+    st_time 60 && s18row d-r2 1
+    st_time 50 && s22r1 d-rs-50 on 0.50
+    st_time 50 && GGML_SCHED_STREAM_SLOTS_RESIZE=0 s22r1 d-fixed-50 on 0.50
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s22e (carry .stash and .whl/s22; the build without experiment 0044, on an
+# H100 host): R1 at 2 GiB with patch 0043's read-ahead on and off,
+# interleaved, three times at a forced 40% and once at the tuner's share.
+s22e() {
+    s22prep
+    local ST_LIMIT=${ST_LIMIT:-585} i
+    export ST_LIMIT
+    for i in 1 2 3; do
+        st_time 50 && s22r1 "e-on-40-$i" on 0.40
+        st_time 50 && s22r1 "e-off-40-$i" off 0.40
+        st_tar
+    done
+    st_time 50 && s22r1 e-off-t off -
+    st_time 50 && s22r1 e-on-t on -
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s22f (carry .stash and .whl/s22: the final build, patches 0001-0042 and
+# the search that walks across plateaus; on an H200 host): the reference
+# call, s22ref's rows with this build, where GGML_SCHED_CPU_PREFETCH no
+# longer does anything (experiment 0043 is not in it).
+s22f() { s22ref f; }
+# s22g (the same build, on an H100 host): R1 at 2 GiB at the tuner's share
+# three times, R2 at 4 GiB twice.
+s22g() {
+    s22prep
+    local ST_LIMIT=${ST_LIMIT:-585} i
+    export ST_LIMIT
+    for i in 1 2 3; do
+        st_time 50 && s20r1 "g-r1-$i" -
+        st_tar
+    done
+    st_time 50 && s18row g-r2-1 1
+    st_time 50 && s18row g-r2-2 1
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s22h (carry .stash and .whl/s22, the final build; an H200 host): R1 from
+# saved plans (`run --plan`, used as is, not tuned; `bench` takes no
+# plan), the planner's own at 2 GiB rewritten by plan-shares.py: every
+# split weight at 40% on the GPU (h-all-40), against ffn_down streamed
+# whole in decode and the GPU computing 5-20% of ffn_up's and ffn_gate's
+# rows (h-dw-N): one CPU split per layer instead of two. A prompt of ~4k
+# tokens, then 64 tokens.
+s22run() { # NAME PLAN
+    timeout 120 $P run -m "$W/r1.gguf" --plan "$2" -f "$W/prompt-4k.txt" -n 64 --ignore-eos -c 4352 -t 16 --fa on \
+        > "$RES/$1.out" 2> "$RES/$1.log" || echo "$1 failed: $?"
+    grep -E "^(prompt|decode):" "$RES/$1.out" "$RES/$1.log" 2>/dev/null | sed "s/^[^:]*:/$1: /" | head -2 || true
+}
+s22h() {
+    s22prep
+    local ST_LIMIT=${ST_LIMIT:-585} s
+    export ST_LIMIT
+    python3 -c "print('The quick brown fox jumps over the lazy dog. ' * 227)" > "$W/prompt-4k.txt"
+    $P plan -m "$W/r1.gguf" --vram-budget 2GiB -c 4352 -t 16 --profile "$RES/profile.yaml" --format json > "$W/plan-r1.json"
+    python3 scripts/device/plan-shares.py "$W/plan-r1.json" 0.40 all > "$W/p-all-40.json"
+    for s in 05 10 15 20; do
+        python3 scripts/device/plan-shares.py "$W/plan-r1.json" "0.$s" down-whole > "$W/p-dw-$s.json"
+    done
+    cp "$W"/p-*.json "$RES/"
+    s22run h-all-40 "$W/p-all-40.json"
+    s22run h-dw-10 "$W/p-dw-10.json"
+    s22run h-dw-15 "$W/p-dw-15.json"
+    st_tar
+    s22run h-all-40b "$W/p-all-40.json"
+    s22run h-dw-05 "$W/p-dw-05.json"
+    s22run h-dw-20 "$W/p-dw-20.json"
+    st_tar
+    st_time 40 && s22run h-dw-10b "$W/p-dw-10.json"
+    st_time 40 && s22run h-all-40c "$W/p-all-40.json"
+    st_time 40 && s22run h-dw-15b "$W/p-dw-15.json"
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s22i (the same build, on an H100 host): s22h's plans, interleaved.
+s22i() {
+    s22prep
+    local ST_LIMIT=${ST_LIMIT:-585} s
+    export ST_LIMIT
+    python3 -c "print('The quick brown fox jumps over the lazy dog. ' * 227)" > "$W/prompt-4k.txt"
+    $P plan -m "$W/r1.gguf" --vram-budget 2GiB -c 4352 -t 16 --profile "$RES/profile.yaml" --format json > "$W/plan-r1.json"
+    python3 scripts/device/plan-shares.py "$W/plan-r1.json" 0.40 all > "$W/p-all-40.json"
+    python3 scripts/device/plan-shares.py "$W/plan-r1.json" 0.45 all > "$W/p-all-45.json"
+    for s in 05 10 15; do
+        python3 scripts/device/plan-shares.py "$W/plan-r1.json" "0.$s" down-whole > "$W/p-dw-$s.json"
+    done
+    cp "$W"/p-*.json "$RES/"
+    local r
+    for r in 1 2 3; do
+        s22run "i-all-40-$r" "$W/p-all-40.json"
+        s22run "i-dw-05-$r" "$W/p-dw-05.json"
+        s22run "i-dw-10-$r" "$W/p-dw-10.json"
+        s22run "i-all-45-$r" "$W/p-all-45.json"
+        s22run "i-dw-15-$r" "$W/p-dw-15.json"
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
