@@ -1287,6 +1287,40 @@ fn the_decode_split_tuned_at_run_time_starts_from_the_cost_models_share() {
     assert!(ffn.gpu_share.iter().all(|&(_, f)| f == lower));
     let rows = plan::apply::row_split_policy(&r).expect("a row split");
     assert_eq!(rows(&ffn.name, 14336, 1), plan::apply::gpu_rows(14336, lower));
+    // ffn_down streamed whole in decode: it no longer splits and streams
+    // there, up and gate split at the share; the prompt's tier is as it
+    // was, and the CPU copies made at load are counted as before.
+    let w = with_setting(&d, SplitSetting::RowsDownWhole(0.1));
+    assert!(w.row_split_down_whole && w.row_split_share == 0.1);
+    assert_eq!(w.cpu_copy_bytes(), d.cpu_copy_bytes());
+    let policies = plan::apply::policies(&w);
+    let rows = policies.row_split.expect("up and gate still split");
+    fn query(weight: &str, n_tokens: i64) -> engine::OffloadQuery<'_> {
+        engine::OffloadQuery {
+            weight,
+            op: engine::OpKind::MulMat,
+            n_tokens,
+        }
+    }
+    let (mut downs, mut split) = (0, 0);
+    for (t, before) in w.tensors.iter().zip(&d.tensors).filter(|(t, _)| !t.resident) {
+        assert_eq!(
+            t.exec.iter().find(|(n, _)| *n == d.ubatch),
+            before.exec.iter().find(|(n, _)| *n == d.ubatch)
+        );
+        if t.role == "FfnDown" && !before.gpu_share.is_empty() {
+            downs += 1;
+            assert!(t.gpu_share.is_empty(), "{}", t.name);
+            assert_eq!(t.exec.iter().find(|(n, _)| *n == 1).map(|x| x.1), Some(Exec::Stream));
+            assert_eq!(rows(&t.name, 4096, 1), 0);
+            assert_eq!((policies.offload)(&query(&t.name, 1)), engine::Offload::Gpu);
+        } else if !before.gpu_share.is_empty() {
+            split += 1;
+            assert_eq!(t.gpu_share, vec![(1, 0.1)], "{}", t.name);
+            assert_eq!(rows(&t.name, 14336, 1), plan::apply::gpu_rows(14336, 0.1));
+        }
+    }
+    assert!(downs > 0 && split > 0, "{downs} {split}");
     // Split off: nothing to tune.
     let mut off = PlanRequest::new(2 * GIB, 4352);
     off.dense_split = Some(0.0);

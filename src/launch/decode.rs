@@ -57,6 +57,8 @@ impl std::fmt::Display for DecodeEntry {
 fn split_setting(plan: &Plan) -> Option<SplitSetting> {
     if plan.hybrid_gpu_experts > 0 {
         Some(SplitSetting::Experts(plan.hybrid_gpu_experts))
+    } else if plan.row_split_share > 0.0 && plan.row_split_down_whole {
+        Some(SplitSetting::RowsDownWhole(plan.row_split_share))
     } else if plan.row_split_share > 0.0 {
         Some(SplitSetting::Rows(plan.row_split_share))
     } else {

@@ -353,6 +353,13 @@ pub struct Plan {
     /// none does.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub row_split_share: f64,
+    /// The dense row split's ffn_down weights stream whole in the decode
+    /// tier instead of splitting, so that the CPU computes one part per
+    /// layer (up's and gate's rows) and hands over to the GPU once instead
+    /// of twice; set by the decode tuner where that is faster
+    /// ([`crate::launch::SplitSetting::RowsDownWhole`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub row_split_down_whole: bool,
     /// Every op on the GPU (see [`PlanRequest::exact`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub exact: bool,
@@ -396,11 +403,17 @@ impl Plan {
     }
 
     /// Host bytes that repacked CPU copies take: every host weight that
-    /// runs [`Exec::Hybrid`] or [`Exec::Split`] in some tier.
+    /// runs [`Exec::Hybrid`] or [`Exec::Split`] in some tier, and the
+    /// ffn_down weights streamed whole instead (patch 0039 copies every
+    /// dense feed-forward weight in host memory).
     pub fn cpu_copy_bytes(&self) -> u64 {
         self.tensors
             .iter()
-            .filter(|t| !t.resident && t.exec.iter().any(|&(_, e)| matches!(e, Exec::Hybrid | Exec::Split)))
+            .filter(|t| {
+                !t.resident
+                    && ((self.row_split_down_whole && t.role == "FfnDown")
+                        || t.exec.iter().any(|&(_, e)| matches!(e, Exec::Hybrid | Exec::Split)))
+            })
             .map(|t| t.bytes)
             .sum()
     }

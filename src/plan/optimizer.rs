@@ -269,6 +269,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 stream_routed_max: (cm.routed_max_tokens * model.n_expert_used as u64).min(u32::MAX as u64) as u32,
                 hybrid_gpu_experts: ev.hybrid_gpu_experts(&resident),
                 row_split_share: share,
+                row_split_down_whole: false,
                 exact: req.exact,
                 // Decided once the plan is chosen (cpu_weight_copies).
                 cpu_weight_copies: false,
