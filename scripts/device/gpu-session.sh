@@ -4769,4 +4769,30 @@ s22i() {
     st_tar
 }
 
+# s22j PREFIX (carry .stash and .whl/s22: the build whose row search also
+# tries ffn_down streamed whole; calls j and k ran it with the plateau walk
+# within 2%, the final build walks within 5%): R1 at 2 GiB at the tuner's
+# choice four times, R2 at 4 GiB once; with upstream where UP=1 (the
+# reference call).
+s22j() {
+    local x=$1
+    s17prep .whl/s22
+    [[ ${UP:-0} == 1 ]] && s17upstream
+    xz -dc .whl/s22/libggml-cpu.so.xz > dist/lib/libggml-cpu.so
+    local ST_LIMIT=${ST_LIMIT:-585} i
+    export ST_LIMIT
+    for i in 1 2 3; do
+        st_time 50 && s20r1 "$x-r1-$i" -
+        st_tar
+    done
+    st_time 50 && s18row "$x-r2-1" 1
+    if [[ ${UP:-0} == 1 ]]; then
+        st_ups "$x" r1 2048
+        st_ups "$x" r2 4096
+    fi
+    st_time 50 && s20r1 "$x-r1-4" -
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
