@@ -4717,17 +4717,23 @@ s22run() { # NAME PLAN
         > "$RES/$1.out" 2> "$RES/$1.log" || echo "$1 failed: $?"
     grep -E "^(prompt|decode):" "$RES/$1.out" "$RES/$1.log" 2>/dev/null | sed "s/^[^:]*:/$1: /" | head -2 || true
 }
-s22h() {
-    s22prep
-    local ST_LIMIT=${ST_LIMIT:-585} s
-    export ST_LIMIT
+s22plans() { # "ALL..." "DOWN..." (percent, two digits): the prompt, the planner's plan and its rewrites p-all-N, p-dw-N
+    local s
     python3 -c "print('The quick brown fox jumps over the lazy dog. ' * 227)" > "$W/prompt-4k.txt"
     $P plan -m "$W/r1.gguf" --vram-budget 2GiB -c 4352 -t 16 --profile "$RES/profile.yaml" --format json > "$W/plan-r1.json"
-    python3 scripts/device/plan-shares.py "$W/plan-r1.json" 0.40 all > "$W/p-all-40.json"
-    for s in 05 10 15 20; do
+    for s in $1; do
+        python3 scripts/device/plan-shares.py "$W/plan-r1.json" "0.$s" all > "$W/p-all-$s.json"
+    done
+    for s in $2; do
         python3 scripts/device/plan-shares.py "$W/plan-r1.json" "0.$s" down-whole > "$W/p-dw-$s.json"
     done
     cp "$W"/p-*.json "$RES/"
+}
+s22h() {
+    s22prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    s22plans "40" "05 10 15 20"
     s22run h-all-40 "$W/p-all-40.json"
     s22run h-dw-10 "$W/p-dw-10.json"
     s22run h-dw-15 "$W/p-dw-15.json"
@@ -4746,16 +4752,9 @@ s22h() {
 # s22i (the same build, on an H100 host): s22h's plans, interleaved.
 s22i() {
     s22prep
-    local ST_LIMIT=${ST_LIMIT:-585} s
+    local ST_LIMIT=${ST_LIMIT:-585}
     export ST_LIMIT
-    python3 -c "print('The quick brown fox jumps over the lazy dog. ' * 227)" > "$W/prompt-4k.txt"
-    $P plan -m "$W/r1.gguf" --vram-budget 2GiB -c 4352 -t 16 --profile "$RES/profile.yaml" --format json > "$W/plan-r1.json"
-    python3 scripts/device/plan-shares.py "$W/plan-r1.json" 0.40 all > "$W/p-all-40.json"
-    python3 scripts/device/plan-shares.py "$W/plan-r1.json" 0.45 all > "$W/p-all-45.json"
-    for s in 05 10 15; do
-        python3 scripts/device/plan-shares.py "$W/plan-r1.json" "0.$s" down-whole > "$W/p-dw-$s.json"
-    done
-    cp "$W"/p-*.json "$RES/"
+    s22plans "40 45" "05 10 15"
     local r
     for r in 1 2 3; do
         s22run "i-all-40-$r" "$W/p-all-40.json"

@@ -620,6 +620,36 @@ mod tests {
         }
     }
 
+    /// Step times (ms) of the row shares from `rows`; every setting with
+    /// ffn_down streamed whole far slower.
+    fn rows_only(rows: impl Fn(f64) -> f64) -> impl Fn(SplitSetting) -> f64 {
+        move |x| match x {
+            SplitSetting::Rows(f) => rows(f),
+            SplitSetting::RowsDownWhole(_) => 1e3,
+            _ => unreachable!(),
+        }
+    }
+
+    /// The row shares with every weight split in `order`, in tenths of a
+    /// percent.
+    fn permille(order: &[SplitSetting]) -> Vec<i64> {
+        order
+            .iter()
+            .filter_map(|x| match x {
+                SplitSetting::Rows(f) => Some((f * 1000.0).round() as i64),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// `setting` splits every weight at `share`.
+    fn assert_rows(setting: SplitSetting, share: f64) {
+        match setting {
+            SplitSetting::Rows(f) => assert!((f - share).abs() < 1e-9, "{f}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
     const R2: SplitKnob = SplitKnob::Experts { start: 5, max: 7 };
 
     #[test]
@@ -735,27 +765,13 @@ mod tests {
         // R1's hosts (h200-session9/rowsplit.md): 70% fastest against the
         // model's 75-78%. The climb steps by 5% (78, 73, 68, 63), then tries
         // 2.5% either side of 68%, and 5% either side of the faster 70.5%.
-        let ms = |x: SplitSetting| match x {
-            SplitSetting::Rows(f) => 46.0 + 400.0 * (f - 0.70) * (f - 0.70),
-            // ffn_down streamed whole: slower here
-            SplitSetting::RowsDownWhole(_) => 1e3,
-            _ => unreachable!(),
-        };
+        let ms = rows_only(|f| 46.0 + 400.0 * (f - 0.70) * (f - 0.70));
         let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.78 });
-        let order: Vec<i64> = run(&mut search, ms)
-            .into_iter()
-            .filter_map(|x| match x {
-                SplitSetting::Rows(f) => Some((f * 1000.0).round() as i64),
-                _ => None,
-            })
-            .collect();
+        let order = permille(&run(&mut search, ms));
         // 63% and 65.5% are within 5% of the fastest, so the walk goes on
         // to 58% and 60.5%; 75.5%, to 80.5%.
         assert_eq!(order, [780, 730, 680, 630, 580, 655, 705, 755, 605, 805]);
-        match search.best() {
-            SplitSetting::Rows(f) => assert!((f - 0.705).abs() < 1e-9, "{f}"),
-            other => panic!("{other:?}"),
-        }
+        assert_rows(search.best(), 0.705);
     }
 
     #[test]
@@ -772,20 +788,12 @@ mod tests {
                 35.6 + 0.3 * (48.0 - p)
             }
         };
-        let ms = |x: SplitSetting| match x {
-            SplitSetting::Rows(f) => h200(f),
-            // ffn_down streamed whole: slower here
-            SplitSetting::RowsDownWhole(_) => 1e3,
-            _ => unreachable!(),
-        };
+        let ms = rows_only(h200);
         let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.73 });
-        let order = run(&mut search, ms);
+        let order = run(&mut search, &ms);
         let rows = order.iter().filter(|x| matches!(x, SplitSetting::Rows(_))).count();
         assert_eq!(rows, 10, "{order:?}");
-        match search.best() {
-            SplitSetting::Rows(f) => assert!((f - 0.48).abs() < 1e-9, "{f}"),
-            other => panic!("{other:?}"),
-        }
+        assert_rows(search.best(), 0.48);
         // The old limit of 5 probes stopped at 53%.
         let mut five = ShareSearch::with_limits(SplitKnob::Rows { start: 0.73 }, 5, 0.02);
         run(&mut five, ms);
@@ -814,57 +822,31 @@ mod tests {
                 35.0 + 0.2 * (39.0 - p)
             }
         };
-        let ms = |x: SplitSetting| match x {
-            SplitSetting::Rows(f) => h100(f),
-            // ffn_down streamed whole: slower here
-            SplitSetting::RowsDownWhole(_) => 1e3,
-            _ => unreachable!(),
-        };
+        let ms = rows_only(h100);
         let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.59 });
-        let order: Vec<i64> = run(&mut search, ms)
-            .into_iter()
-            .filter_map(|x| match x {
-                SplitSetting::Rows(f) => Some((f * 1000.0).round() as i64),
-                _ => None,
-            })
-            .collect();
+        let order = permille(&run(&mut search, ms));
         assert_eq!(order, [590, 540, 640, 490, 440, 390, 340, 290, 365, 415]);
-        match search.best() {
-            SplitSetting::Rows(f) => assert!((f - 0.39).abs() < 1e-9, "{f}"),
-            other => panic!("{other:?}"),
-        }
+        assert_rows(search.best(), 0.39);
         // Call k: 54% measured 2.3% slower than 59%, 56.5% 15% slower (one
         // probe's noise), and 39% fastest (38.21 ms).
-        let k = |x: SplitSetting| match x {
-            SplitSetting::Rows(f) => {
-                let p = (f * 1000.0).round() as i64;
-                match p {
-                    540 => 42.52,
-                    565 => 47.88,
-                    590 => 41.57,
-                    615 => 45.43,
-                    640 => 43.56,
-                    _ if p < 390 => 38.21 + 0.02 * (390 - p) as f64,
-                    _ => 38.21 + 0.029 * (p - 390) as f64,
-                }
+        let k = rows_only(|f| {
+            let p = (f * 1000.0).round() as i64;
+            match p {
+                540 => 42.52,
+                565 => 47.88,
+                590 => 41.57,
+                615 => 45.43,
+                640 => 43.56,
+                _ if p < 390 => 38.21 + 0.02 * (390 - p) as f64,
+                _ => 38.21 + 0.029 * (p - 390) as f64,
             }
-            SplitSetting::RowsDownWhole(_) => 1e3,
-            _ => unreachable!(),
-        };
+        });
         let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.59 });
         run(&mut search, k);
-        match search.best() {
-            SplitSetting::Rows(f) => assert!((f - 0.39).abs() < 1e-9, "{f}"),
-            other => panic!("{other:?}"),
-        }
+        assert_rows(search.best(), 0.39);
         // Where nothing beyond the plateau is faster, the margin still
         // keeps the cost model's share.
-        let flat = |x: SplitSetting| match x {
-            SplitSetting::Rows(f) => 41.0 - 2.0 * (0.59 - f).clamp(0.0, 0.05),
-            // ffn_down streamed whole: slower here
-            SplitSetting::RowsDownWhole(_) => 1e3,
-            _ => unreachable!(),
-        };
+        let flat = rows_only(|f| 41.0 - 2.0 * (0.59 - f).clamp(0.0, 0.05));
         let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.59 });
         run(&mut search, flat);
         assert_eq!(search.best(), SplitSetting::Rows(0.59));
@@ -906,10 +888,7 @@ mod tests {
         // 1% faster is within the margin: every weight stays split.
         let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.59 });
         run(&mut search, whole(34.15));
-        match search.best() {
-            SplitSetting::Rows(f) => assert!((f - 0.39).abs() < 1e-9, "{f}"),
-            other => panic!("{other:?}"),
-        }
+        assert_rows(search.best(), 0.39);
         // The search of experts has no such settings.
         assert_eq!(SplitKnob::Experts { start: 5, max: 7 }.setting(WHOLE_BASE + 4), None);
         assert_eq!(
