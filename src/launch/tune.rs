@@ -152,21 +152,14 @@ pub fn with_setting(plan: &Plan, setting: SplitSetting) -> Plan {
     let mut p = plan.clone();
     match setting {
         SplitSetting::Experts(k) => p.hybrid_gpu_experts = k,
-        SplitSetting::Rows(share) => {
+        SplitSetting::Rows(share) | SplitSetting::RowsDownWhole(share) => {
+            let down_whole = matches!(setting, SplitSetting::RowsDownWhole(_));
             p.row_split_share = share;
+            p.row_split_down_whole |= down_whole;
             for t in &mut p.tensors {
-                for (_, s) in &mut t.gpu_share {
-                    *s = share;
-                }
-            }
-        }
-        SplitSetting::RowsDownWhole(share) => {
-            // ffn_down streams in the tiers where it split; the CPU copies
-            // made for it at load go unused.
-            p.row_split_share = share;
-            p.row_split_down_whole = true;
-            for t in &mut p.tensors {
-                if t.role == "FfnDown" && !t.gpu_share.is_empty() {
+                // ffn_down streams in the tiers where it split; the CPU
+                // copies made for it at load go unused.
+                if down_whole && t.role == "FfnDown" && !t.gpu_share.is_empty() {
                     let tiers: Vec<u32> = t.gpu_share.drain(..).map(|(n, _)| n).collect();
                     for (n, e) in &mut t.exec {
                         if *e == Exec::Split && tiers.contains(n) {
@@ -324,8 +317,7 @@ impl ShareSearch {
             return None;
         };
         let share = ((3.0 * f - 1.0) / 2.0).max(ROW_SHARE_MIN);
-        let units = ((share / ROW_SHARE_UNIT).round() as i32).max((ROW_SHARE_MIN / ROW_SHARE_UNIT).ceil() as i32);
-        let o = WHOLE_BASE + units;
+        let o = WHOLE_BASE + (share / ROW_SHARE_UNIT).round() as i32;
         self.knob.setting(o).map(|s| (o, s))
     }
 
