@@ -982,15 +982,17 @@ fn split_weights_get_cpu_copies_where_host_memory_holds_them() {
     assert!(!off.cpu_weight_copies);
     assert!(!plan::render(&off, plan::Format::Table).contains("CPU copies"));
 
-    // R1: the weights split by rows, each copied whole.
+    // R1: the feed-forward weights split by rows, each copied whole; the
+    // output projection splits too (patch 0043), from the weight in place.
     let r1 = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
     let d = plan_for(&r1, 2 * GIB, &|_| {});
     assert!(d.row_split_share > 0.0);
     assert!(d.cpu_weight_copies);
+    assert!(d.tensors.iter().any(|t| t.role == "Output" && !t.gpu_share.is_empty()));
     let split: u64 = d
         .tensors
         .iter()
-        .filter(|t| !t.gpu_share.is_empty())
+        .filter(|t| !t.gpu_share.is_empty() && t.role != "Output")
         .map(|t| t.bytes)
         .sum();
     assert_eq!(d.cpu_copy_bytes(), split);
@@ -1261,10 +1263,11 @@ fn the_decode_split_tuned_at_run_time_starts_from_the_cost_models_share() {
     switch.switch(&four);
     assert_eq!(switch.moe_split(hybrid_layer, 1), 4);
 
-    // R1 at 2 GiB: the dense row split, from its share in units of 2.5%
-    // (the climb steps by two).
+    // R1 at 2 GiB on the H200 host's profile (the reference request): the
+    // dense row split, from its share in units of 2.5% (the climb steps by
+    // two).
     let dense = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
-    let d = plan::make_plan(&dense, &fixture(), &PlanRequest::new(2 * GIB, 4352)).unwrap();
+    let d = plan::make_plan(&dense, &h200_profile(), &reference_request(2 * GIB, 64)).unwrap();
     assert!(d.row_split_share > 0.0);
     let knob = SplitKnob::of(&d, dense.n_expert_used, false).expect("a row split to tune");
     assert_eq!(
@@ -1287,9 +1290,24 @@ fn the_decode_split_tuned_at_run_time_starts_from_the_cost_models_share() {
     assert!(ffn.gpu_share.iter().all(|&(_, f)| f == lower));
     let rows = plan::apply::row_split_policy(&r).expect("a row split");
     assert_eq!(rows(&ffn.name, 14336, 1), plan::apply::gpu_rows(14336, lower));
+    // The output projection keeps its own share (patch 0043): what the
+    // streaming slots hold at once, at most.
+    let output = |p: &plan::Plan| p.tensors.iter().find(|t| t.role == "Output").unwrap().clone();
+    let out = output(&d);
+    assert_eq!(output(&r).gpu_share, out.gpu_share);
+    let [(1, out_share)] = out.gpu_share[..] else {
+        panic!("{:?}", out.gpu_share)
+    };
+    assert!(out_share > 0.05 && out_share != d.row_split_share, "{out_share}");
+    assert!(
+        out_share * out.bytes as f64 <= (d.row_split_part_bytes() * d.stream_slots as u64) as f64,
+        "{out_share}"
+    );
+    assert!(plan::render(&d, plan::Format::Table).contains("output.weight: in decode, the GPU streams"));
     // ffn_down streamed whole in decode: it no longer splits and streams
-    // there, up and gate split at the share; the prompt's tier is as it
-    // was, and the CPU copies made at load are counted as before.
+    // there, and so do the attention weights the CPU computed there; up
+    // and gate split at the share; the prompt's tier is as it was, and the
+    // CPU copies made at load are counted as before.
     let w = with_setting(&d, SplitSetting::RowsDownWhole(0.1));
     assert!(w.row_split_down_whole && w.row_split_share == 0.1);
     assert_eq!(w.cpu_copy_bytes(), d.cpu_copy_bytes());
@@ -1302,13 +1320,19 @@ fn the_decode_split_tuned_at_run_time_starts_from_the_cost_models_share() {
             n_tokens,
         }
     }
-    let (mut downs, mut split) = (0, 0);
+    let (mut downs, mut split, mut attention) = (0, 0, 0);
+    let decode = |t: &plan::PlannedTensor| t.exec.iter().find(|(n, _)| *n == 1).map(|x| x.1);
     for (t, before) in w.tensors.iter().zip(&d.tensors).filter(|(t, _)| !t.resident) {
         assert_eq!(
             t.exec.iter().find(|(n, _)| *n == d.ubatch),
             before.exec.iter().find(|(n, _)| *n == d.ubatch)
         );
-        if t.role == "FfnDown" && !before.gpu_share.is_empty() {
+        if t.role == "Output" {
+            assert_eq!((&t.gpu_share, decode(t)), (&before.gpu_share, Some(Exec::Split)));
+        } else if t.role.starts_with("Attn") {
+            assert_ne!(decode(t), Some(Exec::Cpu), "{}", t.name);
+            attention += usize::from(decode(before) == Some(Exec::Cpu));
+        } else if t.role == "FfnDown" && !before.gpu_share.is_empty() {
             downs += 1;
             assert!(t.gpu_share.is_empty(), "{}", t.name);
             assert_eq!(t.exec.iter().find(|(n, _)| *n == 1).map(|x| x.1), Some(Exec::Stream));
@@ -1320,7 +1344,7 @@ fn the_decode_split_tuned_at_run_time_starts_from_the_cost_models_share() {
             assert_eq!(rows(&t.name, 14336, 1), plan::apply::gpu_rows(14336, 0.1));
         }
     }
-    assert!(downs > 0 && split > 0, "{downs} {split}");
+    assert!(downs > 0 && split > 0 && attention > 0, "{downs} {split} {attention}");
     // Split off: nothing to tune.
     let mut off = PlanRequest::new(2 * GIB, 4352);
     off.dense_split = Some(0.0);

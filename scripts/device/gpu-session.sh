@@ -4576,10 +4576,7 @@ s21p() {
 # GGML_SCHED_CPU_PREFETCH=0) in all five, experiment 0044 (more, smaller
 # streaming slots in decode) in s22d. In later builds those variables do
 # nothing.
-s22prep() {
-    s17prep .whl/s22
-    xz -dc .whl/s22/libggml-cpu.so.xz > dist/lib/libggml-cpu.so
-}
+s22prep() { s22prep_from .whl/s22; }
 s22r1() { # NAME on|off SHARE|- [EXTRA...]: s20r1 with patch 0043's read-ahead on or off (GGML_SCHED_CPU_PREFETCH=0)
     local name=$1 p=$2; shift 2
     if [[ $p == off ]]; then GGML_SCHED_CPU_PREFETCH=0 s20r1 "$name" "$@"; else s20r1 "$name" "$@"; fi
@@ -4768,16 +4765,16 @@ s22i() {
     st_tar
 }
 
-# s22j PREFIX (carry .stash and .whl/s22: the build whose row search also
+# s22j PREFIX (carry .stash and .whl/s22, or the folder WHL names: the build whose row search also
 # tries ffn_down streamed whole; calls j and k ran it with the plateau walk
 # within 2%, the final build walks within 5%): R1 at 2 GiB at the tuner's
 # choice four times, R2 at 4 GiB once; with upstream where UP=1 (the
 # reference call).
 s22j() {
-    local x=$1
-    s17prep .whl/s22
+    local x=$1 whl=${WHL:-.whl/s22}
+    s17prep "$whl"
     [[ ${UP:-0} == 1 ]] && s17upstream
-    xz -dc .whl/s22/libggml-cpu.so.xz > dist/lib/libggml-cpu.so
+    xz -dc "$whl/libggml-cpu.so.xz" > dist/lib/libggml-cpu.so
     local ST_LIMIT=${ST_LIMIT:-585} i
     export ST_LIMIT
     for i in 1 2 3; do
@@ -4792,6 +4789,114 @@ s22j() {
     st_time 50 && s20r1 "$x-r1-4" -
     echo "done at ${SECONDS} s"
     st_tar
+}
+
+# Session 23 (carry .whl/s23: dist.tar.xz, scripts/device/pack.sh's dist
+# without upstream/ and the CPU module, with patch 0043, the row split of
+# weights outside the feed-forward in slot-sized parts; pristine.tar.gz,
+# the sdist's llama.cpp). No CUDA module was left from earlier sessions:
+# the first call (s23a) builds it with a CPU module for the host's AVX-512
+# features and upstream's llama-bench (zprep), keeps the modules in
+# /root/cudalib for the next calls on the same warm machine, and sends them
+# back in parts ($OUT), so that a later fresh machine takes them from
+# .stash/cudalib (carried) instead of building again.
+s22prep_from() { # WHL: s22prep's dist from WHL
+    s17prep "$1"
+    xz -dc "$1/libggml-cpu.so.xz" > dist/lib/libggml-cpu.so
+}
+s23prep() { # (WHL: the build's folder, default .whl/s23)
+    local whl=${WHL:-.whl/s23}
+    if [[ ! -x dist/pipeshard ]]; then
+        mkdir -p dist/upstream && tar -xJf "$whl/dist.tar.xz" -C dist
+        [[ -f $whl/pristine.tar.gz ]] && cp "$whl/pristine.tar.gz" dist/upstream/llama.cpp-pristine.tar.gz
+    fi
+    [[ -f /root/cudalib/libggml-cuda.so ]] && cp /root/cudalib/libggml-cuda.so /root/cudalib/libggml-cpu.so dist/lib/
+    if [[ -f .stash/upbench.tar.xz && ! -x dist/upstream/bin/llama-bench ]]; then
+        tar -xJf .stash/upbench.tar.xz -C dist/upstream
+    fi
+    zprep
+    mkdir -p /root/cudalib && cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so /root/cudalib/
+    cat "$RES/machine.txt"
+    echo "prepared at ${SECONDS} s"
+}
+s23run() { # NAME PLAN: s22run with the scheduler's timing, its last line
+    GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' s22run "$@"
+    grep -E "0-token graphs" "$RES/$1.log" | tail -1 | sed -E "s/^.*graphs over 32: //; s/;.*$//; s/^/$1: /" || true
+}
+s23plans() { # NAME=SHARE:MODE[:OPTS]...: the prompt, the planner's plan and its rewrites $W/p-NAME.json
+    local spec name rest share mode opts
+    python3 -c "print('The quick brown fox jumps over the lazy dog. ' * 227)" > "$W/prompt-4k.txt"
+    $P plan -m "$W/r1.gguf" --vram-budget 2GiB -c 4352 -t 16 --profile "$RES/profile.yaml" --format json > "$W/plan-r1.json"
+    for spec in "$@"; do
+        name=${spec%%=*}; rest=${spec#*=}
+        share=${rest%%:*}; rest=${rest#*:}
+        mode=${rest%%:*}; opts=
+        [[ $rest == *:* ]] && opts=${rest#*:}
+        python3 scripts/device/plan-shares.py "$W/plan-r1.json" "$share" "$mode" ${opts//,/ } > "$W/p-$name.json"
+    done
+    cp "$W"/p-*.json "$W/plan-r1.json" "$RES/"
+}
+# s23a (a fresh H200 host): the modules and upstream's llama-bench built
+# (zprep), sent back; then R1 at 2 GiB from saved plans (`run --plan`, not
+# tuned), interleaved while time allows: ffn_down streamed whole with 5% of
+# up and gate on the GPU and attention streamed, the output projection on
+# the CPU alone (o00) against 20% and 30% of its rows on the GPU.
+s23a() {
+    s23prep
+    zsave_modules
+    tar -C dist/upstream -cJf "$OUT/upbench.tar.xz" --exclude=bin/libggml-cuda.so --exclude=bin/libggml-cpu.so bin
+    local ST_LIMIT=${ST_LIMIT:-585} r n
+    export ST_LIMIT
+    local names=(dw05-at-o00 dw05-at-o30 dw05-at-o20)
+    s23plans dw05-at-o00=0.05:down-whole:--attn-stream,--output,0 dw05-at-o30=0.05:down-whole:--attn-stream,--output,0.30 \
+        dw05-at-o20=0.05:down-whole:--attn-stream,--output,0.20
+    for r in 1 2 3; do
+        for n in "${names[@]}"; do
+            st_time 25 && s23run "a-$n-$r" "$W/p-$n.json"
+        done
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+# s23b PREFIX (the same warm machine, or a fresh one carrying .stash with
+# s23a's modules in .stash/cudalib and its upbench.tar.xz): R1 at 2 GiB at the tuner's choice (bench), R2 at 4 GiB,
+# upstream's rows (fit in the budget, full GPU) of both, R1 again.
+s23b() {
+    local x=$1 i
+    s23prep
+    local ST_LIMIT=${ST_LIMIT:-585}
+    export ST_LIMIT
+    for i in 1 2 3; do
+        st_time 45 && s20r1 "$x-r1-$i" -
+        st_tar
+    done
+    st_time 45 && s18row "$x-r2-1" 1
+    st_ups "$x" r1 2048
+    st_ups "$x" r2 4096
+    for i in 4 5 6; do
+        st_time 45 && s20r1 "$x-r1-$i" -
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+# s23c PREFIX (a fresh H200 host; carry .stash with s23a's modules and
+# upstream's llama-bench, and .whl/s23c: the final build, whose row search
+# measures up to 8 settings with ffn_down whole, packed without the source
+# tarballs): the output projection on the CPU alone and split at the
+# planner's share (saved plans, interleaved twice), then s23b's rows.
+s23c() {
+    WHL=.whl/s23c s23prep
+    local ST_LIMIT=${ST_LIMIT:-585} r n
+    export ST_LIMIT
+    s23plans dw05-o00=0.05:down-whole:--output,0 dw05-o31=0.05:down-whole
+    for r in 1 2; do
+        for n in dw05-o00 dw05-o31; do
+            st_time 25 && s23run "$1-$n-$r" "$W/p-$n.json"
+        done
+    done
+    st_tar
+    WHL=.whl/s23c s23b "$1"
 }
 
 "$@"

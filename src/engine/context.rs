@@ -67,6 +67,10 @@ pub struct ContextParams {
     /// weight the GPU computes, per ubatch size, streaming only those, while
     /// the CPU computes the others at the same time.
     pub row_split: Option<RowSplitPolicy>,
+    /// A split weight outside the feed-forward (the output projection,
+    /// patch 0043) streams the GPU's rows in parts of at most this many
+    /// bytes, each within a streaming slot; 0: one part.
+    pub row_split_part_bytes: u64,
     /// Most outputs (logits rows) one ubatch may request; 0 = `n_batch`.
     /// The compute buffer holds this many rows of logits, so a context that
     /// only samples each sequence's last token can set it to `n_seq_max`.
@@ -101,6 +105,7 @@ impl Default for ContextParams {
             stream_routed_max: 0,
             moe_split: None,
             row_split: None,
+            row_split_part_bytes: 0,
             n_outputs_max: 0,
             backend_greedy: false,
         }
@@ -163,6 +168,7 @@ impl ContextParams {
         cp.n_stream_slots = self.stream_slots.min(i32::MAX as u32) as i32;
         cp.n_stream_routed_max = self.stream_routed_max.min(i32::MAX as u32) as i32;
         cp.n_outputs_max = self.n_outputs_max;
+        cp.row_split_part_size = usize::try_from(self.row_split_part_bytes).unwrap_or(usize::MAX);
         let offload = self.offload.clone().map(Box::new);
         if let Some(pol) = &offload {
             cp.offload_cb = Some(offload_trampoline);
@@ -206,6 +212,7 @@ impl ContextParams {
             stream_routed_max: cp.n_stream_routed_max.max(0) as u32,
             moe_split: None,
             row_split: None,
+            row_split_part_bytes: cp.row_split_part_size as u64,
             n_outputs_max: cp.n_outputs_max,
             backend_greedy: false,
         }

@@ -44,8 +44,24 @@ const ROW_SHARE_MIN: f64 = 0.05;
 /// offset from the plan's).
 const WHOLE_BASE: i32 = 1 << 16;
 /// Settings with ffn_down streamed whole that a row search measures, at
-/// most, after its climb.
-const WHOLE_PROBES: usize = 4;
+/// most, after its climb. Its climb ends by itself once both ways are
+/// slower (3-4 probes from a start near the fastest); the cap leaves room
+/// for a start far from it. With 4, one search on an H200 host started at
+/// 37.5% (its row climb had stopped at a noisy 58%), was still getting
+/// faster at 22.5% when it stopped, and kept 22.5%: 26.5 tok/s, where the
+/// same host's other searches kept 5-15% at 28-31 (bench/results/session23,
+/// call b).
+const WHOLE_PROBES: usize = 8;
+/// Probes more of each of the two settings a row search weighs last (the
+/// climb's choice and the fastest with ffn_down streamed whole),
+/// alternately: the host drifts while a search runs (on an H200 host one
+/// setting's probes within one search read 32.48, 34.42 and 33.85 ms,
+/// bench/results/session23, call b), so that a choice between settings
+/// measured seconds apart is the host's more than theirs.
+const CONFIRM_PROBES: usize = 2;
+/// The finalists are confirmed only where their first probes are within
+/// this fraction of each other (twice a probe's noise, [`PLATEAU`]).
+const CONFIRM_WITHIN: f64 = 0.10;
 /// A climb walks on past settings within this fraction of the fastest: one
 /// probe's median of 8 steps differs by up to ±5% between neighbouring
 /// shares on one host, and on an H100 host 54% measured 2.3% slower than
@@ -147,7 +163,10 @@ impl SplitKnob {
 }
 
 /// `plan` with its decode split set to `setting`: the shares the callbacks
-/// answer, nothing else (the residency and memory stay the plan's).
+/// answer, and with ffn_down whole the ops that stream instead, nothing
+/// else (the residency and memory stay the plan's). The feed-forward
+/// weights' share is the setting's; the output projection keeps its own
+/// (patch 0043, see [`crate::plan::CostModel::output_split`]).
 pub fn with_setting(plan: &Plan, setting: SplitSetting) -> Plan {
     let mut p = plan.clone();
     match setting {
@@ -156,19 +175,32 @@ pub fn with_setting(plan: &Plan, setting: SplitSetting) -> Plan {
             let down_whole = matches!(setting, SplitSetting::RowsDownWhole(_));
             p.row_split_share = share;
             p.row_split_down_whole |= down_whole;
+            // The tiers where ffn_down splits: with ffn_down whole, it
+            // streams there (the CPU copies made for it at load go unused),
+            // and so do the attention weights the CPU would compute there,
+            // so that the CPU computes one part per layer (up's and gate's
+            // rows) and hands over to the GPU once.
+            let tiers: Vec<u32> = p
+                .tensors
+                .iter()
+                .filter(|t| down_whole && t.role == "FfnDown")
+                .flat_map(|t| t.gpu_share.iter().map(|&(n, _)| n))
+                .collect();
+            let kv_gpu_from = p.n_layer.saturating_sub(p.kv_gpu_layers);
             for t in &mut p.tensors {
-                // ffn_down streams in the tiers where it split; the CPU
-                // copies made for it at load go unused.
-                if down_whole && t.role == "FfnDown" && !t.gpu_share.is_empty() {
-                    let tiers: Vec<u32> = t.gpu_share.drain(..).map(|(n, _)| n).collect();
+                let attention = t.role.starts_with("Attn") && t.layer.is_some_and(|l| l >= kv_gpu_from);
+                if !t.resident && (t.role == "FfnDown" || attention) {
+                    t.gpu_share.retain(|(n, _)| !tiers.contains(n));
                     for (n, e) in &mut t.exec {
-                        if *e == Exec::Split && tiers.contains(n) {
+                        if matches!(*e, Exec::Split | Exec::Cpu) && tiers.contains(n) {
                             *e = Exec::Stream;
                         }
                     }
                 }
-                for (_, s) in &mut t.gpu_share {
-                    *s = share;
+                if crate::plan::is_dense_ffn(&t.role) {
+                    for (_, s) in &mut t.gpu_share {
+                        *s = share;
+                    }
                 }
             }
         }
@@ -215,6 +247,9 @@ pub struct ShareSearch {
     every: bool,
     /// Seconds per decode step, by offset.
     measured: BTreeMap<i32, f64>,
+    /// The confirming probes' seconds per step, in the order measured
+    /// ([`CONFIRM_PROBES`]).
+    confirmed: Vec<(i32, f64)>,
 }
 
 impl ShareSearch {
@@ -238,6 +273,7 @@ impl ShareSearch {
             margin: margin.max(0.0),
             every: false,
             measured: BTreeMap::new(),
+            confirmed: Vec::new(),
         }
     }
 
@@ -263,7 +299,48 @@ impl ShareSearch {
                 return Some(next);
             }
         }
-        self.next_whole()
+        self.next_whole().or_else(|| self.next_confirm())
+    }
+
+    /// The two settings a row search weighs last: the climb's choice and
+    /// the fastest with ffn_down streamed whole, if it measured any.
+    fn finalists(&self) -> Option<(i32, i32)> {
+        let w = self.fastest_offset(true)?;
+        Some((self.climb_choice(), w))
+    }
+
+    /// Once the climbs are done, more probes of the finalists where their
+    /// first probes are close ([`CONFIRM_WITHIN`]), alternately from the one
+    /// with ffn_down whole, until each has [`CONFIRM_PROBES`] more.
+    fn next_confirm(&self) -> Option<(i32, SplitSetting)> {
+        let (o, w) = self.finalists()?;
+        let (t_o, t_w) = (self.measured[&o], self.measured[&w]);
+        if !((t_w - t_o).abs() <= CONFIRM_WITHIN * t_o) {
+            return None;
+        }
+        let count = |x: i32| self.confirmed.iter().filter(|c| c.0 == x).count();
+        let (n_o, n_w) = (count(o), count(w));
+        let next = if n_w <= n_o && n_w < CONFIRM_PROBES {
+            w
+        } else if n_o < CONFIRM_PROBES {
+            o
+        } else {
+            return None;
+        };
+        self.knob.setting(next).map(|s| (next, s))
+    }
+
+    /// The seconds per step of offset `o` that the choice compares: the
+    /// mean of its confirming probes (taken alternately with the other
+    /// finalist's, so that the host's drift weighs on both alike), else its
+    /// probe.
+    fn choice_time(&self, o: i32) -> f64 {
+        let confirmed: Vec<f64> = self.confirmed.iter().filter(|c| c.0 == o).map(|c| c.1).collect();
+        if confirmed.is_empty() {
+            self.measured.get(&o).copied().unwrap_or(f64::INFINITY)
+        } else {
+            confirmed.iter().sum::<f64>() / confirmed.len() as f64
+        }
     }
 
     /// The next setting of a climb over the climb's offsets or (`whole`)
@@ -321,15 +398,20 @@ impl ShareSearch {
         self.knob.setting(o).map(|s| (o, s))
     }
 
-    /// Record the seconds per decode step measured at `offset`; a time that
-    /// is not a positive number counts as unusable (never the fastest).
+    /// Record the seconds per decode step measured at `offset` (a
+    /// confirming probe where it was measured before); a time that is not a
+    /// positive number counts as unusable (never the fastest).
     pub fn record(&mut self, offset: i32, secs_per_step: f64) {
         let t = if secs_per_step.is_finite() && secs_per_step > 0.0 {
             secs_per_step
         } else {
             f64::INFINITY
         };
-        self.measured.insert(offset, t);
+        if self.measured.contains_key(&offset) {
+            self.confirmed.push((offset, t));
+        } else {
+            self.measured.insert(offset, t);
+        }
     }
 
     /// The fastest offset measured (the nearest of equals) among the
@@ -347,23 +429,27 @@ impl ShareSearch {
             .map(|(&o, _)| o)
     }
 
-    /// The offset chosen: the fastest of the climb, the cost model's (0)
-    /// unless another is faster by more than the margin; then the fastest
-    /// with ffn_down streamed whole where that is faster than it by more
-    /// than the margin.
-    pub fn best_offset(&self) -> i32 {
+    /// The climb's choice: its fastest, the cost model's (0) unless
+    /// another is faster by more than the margin.
+    fn climb_choice(&self) -> i32 {
         let Some(&start) = self.measured.get(&0) else {
             return 0;
         };
         let o = self.fastest_offset(false).unwrap_or(0);
-        let o = if self.measured[&o] < start * (1.0 - self.margin) {
+        if self.measured[&o] < start * (1.0 - self.margin) {
             o
         } else {
             0
-        };
-        match self.fastest_offset(true) {
-            Some(w) if self.measured[&w] < self.measured[&o] * (1.0 - self.margin) => w,
-            _ => o,
+        }
+    }
+
+    /// The offset chosen: the climb's choice, or the fastest with ffn_down
+    /// streamed whole where that is faster than it by more than the margin,
+    /// each by its confirming probes where it has them.
+    pub fn best_offset(&self) -> i32 {
+        match self.finalists() {
+            Some((o, w)) if self.choice_time(w) < self.choice_time(o) * (1.0 - self.margin) => w,
+            _ => self.climb_choice(),
         }
     }
 
@@ -374,11 +460,14 @@ impl ShareSearch {
             .expect("a measured offset is within the knob's range")
     }
 
-    /// Every setting measured, with its seconds per step, by offset.
+    /// Every setting measured, with its seconds per step, by offset; then
+    /// the confirming probes in the order measured.
     pub fn measured(&self) -> Vec<(SplitSetting, f64)> {
         self.measured
             .iter()
-            .filter_map(|(&o, &t)| self.knob.setting(o).map(|s| (s, t)))
+            .map(|(&o, &t)| (o, t))
+            .chain(self.confirmed.iter().copied())
+            .filter_map(|(o, t)| self.knob.setting(o).map(|s| (s, t)))
             .collect()
     }
 }
@@ -868,10 +957,14 @@ mod tests {
             .collect();
         // From the share that puts as many bytes on the link as 39% of
         // every weight's rows: (3 x 39% - 1) / 2 = 8.5%, 7.5% in units.
-        assert_eq!(tried, [75, 125, 175, 225]);
-        assert!(order[..order.len() - 4]
-            .iter()
-            .all(|x| matches!(x, SplitSetting::Rows(_))));
+        // Then the finalists again, alternately, as 7.5% is within 10% of
+        // 39%.
+        assert_eq!(tried, [75, 125, 175, 225, 75, 75]);
+        let n = order.len();
+        assert!(order[..n - 8].iter().all(|x| matches!(x, SplitSetting::Rows(_))));
+        assert_eq!(permille(&order[n - 4..]), [390, 390]);
+        assert!(matches!(order[n - 4], SplitSetting::RowsDownWhole(_)));
+        assert!(matches!(order[n - 2], SplitSetting::RowsDownWhole(_)));
         match search.best() {
             SplitSetting::RowsDownWhole(s) => assert!((s - 0.075).abs() < 1e-9, "{s}"),
             other => panic!("{other:?}"),
@@ -888,6 +981,105 @@ mod tests {
             None,
             "2.5% is below the least share"
         );
+    }
+
+    #[test]
+    fn a_whole_climb_from_a_far_start_goes_on_while_it_gets_faster() {
+        // R1 at 2 GiB on an H200 host (bench/results/session23, call b, run
+        // 5): the row climb from the cost model's 73% stopped at 58%, which
+        // measured 38.78 ms against its neighbours' 43-46 (noise), so the
+        // settings with ffn_down whole started at 37.5% and got faster at
+        // every step down to 22.5%, the 4th probe and then the last. Below
+        // 22.5% the times are run 1's on the same host.
+        let rows = |f: f64| match (f * 1000.0).round() as i64 {
+            530 => 43.06,
+            555 => 44.65,
+            580 => 38.78,
+            605 => 46.03,
+            630 => 41.49,
+            680 => 44.66,
+            730 => 47.19,
+            _ => 45.0,
+        };
+        let whole = |s: f64| match (s * 1000.0).round() as i64 {
+            75 => 30.72,
+            125 => 32.03,
+            175 => 34.50,
+            225 => 35.58,
+            275 => 37.25,
+            325 => 40.40,
+            375 => 43.01,
+            _ => 45.0,
+        };
+        let ms = |x: SplitSetting| match x {
+            SplitSetting::Rows(f) => rows(f),
+            SplitSetting::RowsDownWhole(s) => whole(s),
+            _ => unreachable!(),
+        };
+        let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.73 });
+        let order = run(&mut search, ms);
+        let mut climbed = permille(&order);
+        climbed.sort();
+        assert_eq!(climbed, [530, 555, 580, 605, 630, 680, 730]);
+        let tried: Vec<i64> = order
+            .iter()
+            .filter_map(|x| match x {
+                SplitSetting::RowsDownWhole(s) => Some((s * 1000.0).round() as i64),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(tried, [375, 325, 275, 225, 175, 125, 75]);
+        match search.best() {
+            SplitSetting::RowsDownWhole(s) => assert!((s - 0.075).abs() < 1e-9, "{s}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_finalists_are_confirmed_alternately_on_a_drifting_host() {
+        // A host that slows down as the search runs, 1% more per probe (on
+        // an H200 host one setting's probes within one search read 32.48,
+        // 34.42 and 33.85 ms: bench/results/session23, call b). Every
+        // weight split is fastest at 39% (35 ms); ffn_down whole with 7.5%
+        // of up and gate on the GPU is 4% faster (33.5 ms), yet its first
+        // probe, a dozen probes later, reads slower.
+        let probes = std::cell::Cell::new(0);
+        let drifting = |x: SplitSetting| {
+            let base = match x {
+                SplitSetting::Rows(f) => 35.0 + 20.0 * (f - 0.39).abs(),
+                SplitSetting::RowsDownWhole(s) => 33.5 + 20.0 * (s - 0.075).abs(),
+                _ => unreachable!(),
+            };
+            probes.set(probes.get() + 1);
+            base * (1.0 + 0.01 * probes.get() as f64)
+        };
+        let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.59 });
+        let order = run(&mut search, drifting);
+        let whole = |s: &SplitSetting| matches!(s, SplitSetting::RowsDownWhole(_));
+        let first_whole = order.iter().position(whole).unwrap();
+        let times = search.measured();
+        let first = |pick: &dyn Fn(&SplitSetting) -> bool| times.iter().find(|(s, _)| pick(s)).unwrap().1;
+        assert!(
+            first(&|s| matches!(s, SplitSetting::RowsDownWhole(v) if (v - 0.075).abs() < 1e-9))
+                > first(&|s| matches!(s, SplitSetting::Rows(v) if (v - 0.39).abs() < 1e-9)),
+            "the first probes mislead: {times:?}"
+        );
+        // Two more of each, alternately, from ffn_down whole.
+        let n = order.len();
+        assert!(first_whole < n - 4);
+        assert_eq!(
+            order[n - 4..].iter().map(whole).collect::<Vec<_>>(),
+            [true, false, true, false]
+        );
+        match search.best() {
+            SplitSetting::RowsDownWhole(s) => assert!((s - 0.075).abs() < 1e-9, "{s}"),
+            other => panic!("{other:?} from {times:?}"),
+        }
+        // Without the confirming probes the first ones would have chosen
+        // every weight split.
+        let mut unconfirmed = search.clone();
+        unconfirmed.confirmed.clear();
+        assert_rows(unconfirmed.best(), 0.39);
     }
 
     #[test]

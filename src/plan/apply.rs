@@ -39,6 +39,9 @@ pub struct Applied {
     pub moe_split: Option<MoeSplitPolicy>,
     /// Dense row split per weight and ubatch size (patch 0017), if any.
     pub row_split: Option<RowSplitPolicy>,
+    /// Largest part of a split weight's GPU rows outside the feed-forward
+    /// (patch 0043): what a streaming slot holds.
+    pub row_split_part_bytes: u64,
     /// Logits rows each sequence needs per ubatch: one, or a speculative
     /// verification batch's.
     pub outputs_per_seq: u32,
@@ -62,6 +65,7 @@ impl Applied {
         params.stream_routed_max = self.stream_routed_max;
         params.moe_split = self.moe_split.clone();
         params.row_split = self.row_split.clone();
+        params.row_split_part_bytes = self.row_split_part_bytes;
         // The plan budgets the rows of logits each sequence samples (one
         // token, or a verification batch), not a row for every token of the
         // ubatch.
@@ -107,6 +111,7 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
         stream_routed_max: plan.stream_routed_max,
         moe_split,
         row_split,
+        row_split_part_bytes: plan.row_split_part_bytes(),
         outputs_per_seq: plan.workload.speculation.map_or(1, |s| s.verify_tokens()),
     })
 }

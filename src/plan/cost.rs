@@ -59,6 +59,10 @@ impl Streaming {
 /// from the same size (`GGML_OP_OFFLOAD_MIN_BATCH`).
 pub const GPU_ATTENTION_MIN_BATCH: u64 = 32;
 
+/// The least share of the output projection's rows worth a split (patch
+/// 0043).
+pub const OUTPUT_SPLIT_MIN: f64 = 0.05;
+
 /// The work of a row-split weight as if one device took all its rows (see
 /// [`CostModel::split_parts`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -426,6 +430,34 @@ impl<'a> CostModel<'a> {
             && self.streaming != Streaming::Synchronous
             && self.link_bw() > 0.0
             && self.dense_split.map_or(true, |f| f > 0.0)
+    }
+
+    /// The output projection's row split in single-token decode (patch
+    /// 0043), where the CPU would compute it alone: it is the step's last
+    /// op, when the link has copied every other weight, so the GPU's rows
+    /// cost the link time that idles otherwise. The share balances the
+    /// CPU's rows against the link's copy of the GPU's, at most
+    /// `max_gpu_bytes` (what the streaming slots hold at once, so that
+    /// every part is copied while the CPU computes). Returns the GPU's
+    /// share and the seconds it saves per step; None where the split does
+    /// not apply or saves nothing.
+    pub fn output_split(&self, t: &ModelTensor, max_gpu_bytes: u64) -> Option<(f64, f64)> {
+        let bw = self.link_bw();
+        if t.role != TensorRole::Output
+            || self.gpu_only
+            || !self.pinned
+            || self.streaming == Streaming::Synchronous
+            || bw <= 0.0
+            || self.dense_split == Some(0.0)
+            || t.nbytes == 0
+        {
+            return None;
+        }
+        let cpu = self.compute_seconds(t, 1, Device::Cpu);
+        let link = t.nbytes as f64 / bw;
+        let share = (cpu / (cpu + link)).min(max_gpu_bytes as f64 / t.nbytes as f64);
+        let saved = cpu - ((1.0 - share) * cpu).max(share * link) - self.overheads.device_switch_s;
+        (share >= OUTPUT_SPLIT_MIN && saved > 0.0).then_some((share, saved))
     }
 
     /// The parts of a row split of `t` for a ubatch of `n` tokens, each as

@@ -403,19 +403,44 @@ impl Plan {
     }
 
     /// Host bytes that repacked CPU copies take: every host weight that
-    /// runs [`Exec::Hybrid`] or [`Exec::Split`] in some tier, and the
-    /// ffn_down weights streamed whole instead (patch 0039 copies every
-    /// dense feed-forward weight in host memory).
+    /// runs [`Exec::Hybrid`] in some tier, every feed-forward weight that
+    /// runs [`Exec::Split`], and the ffn_down weights streamed whole
+    /// instead (patch 0039 copies every dense feed-forward weight in host
+    /// memory, and no weight outside the feed-forward).
     pub fn cpu_copy_bytes(&self) -> u64 {
         self.tensors
             .iter()
             .filter(|t| {
+                let ffn = is_dense_ffn(&t.role);
                 !t.resident
                     && ((self.row_split_down_whole && t.role == "FfnDown")
-                        || t.exec.iter().any(|&(_, e)| matches!(e, Exec::Hybrid | Exec::Split)))
+                        || t.exec
+                            .iter()
+                            .any(|&(_, e)| e == Exec::Hybrid || (ffn && e == Exec::Split)))
             })
             .map(|t| t.bytes)
             .sum()
+    }
+
+    /// The largest part of a split weight's GPU rows outside the
+    /// feed-forward (the output projection, patch 0043): the largest weight
+    /// that otherwise goes through the streaming slots (streamed whole in
+    /// some tier, or a feed-forward weight split by rows), less a margin
+    /// for the slots' row padding, so that the slots need not grow; 0 (one
+    /// part) where none does.
+    pub fn row_split_part_bytes(&self) -> u64 {
+        const PADDING: u64 = 64 << 10;
+        self.tensors
+            .iter()
+            .filter(|t| {
+                !t.resident
+                    && t.exec
+                        .iter()
+                        .any(|&(_, e)| e == Exec::Stream || (e == Exec::Split && is_dense_ffn(&t.role)))
+            })
+            .map(|t| t.bytes)
+            .max()
+            .map_or(0, |b| b.saturating_sub(PADDING).max(1))
     }
 
     /// Weight bytes copied to the GPU for one ubatch of `tier`: every host
@@ -475,6 +500,12 @@ fn tier_index(tiers: &[u32], n: u64) -> usize {
 /// The tier of `tiers` a ubatch of `n` tokens runs with (1 if there are none).
 fn tier_for(tiers: &[u32], n: u64) -> u32 {
     tiers.get(tier_index(tiers, n)).copied().unwrap_or(1)
+}
+
+/// Whether a planned tensor's role is a dense feed-forward weight, which
+/// patch 0017 splits in the layer's feed-forward (and patch 0039 copies).
+pub(crate) fn is_dense_ffn(role: &str) -> bool {
+    matches!(role, "FfnUp" | "FfnGate" | "FfnDown")
 }
 
 fn is_zero(x: &f64) -> bool {

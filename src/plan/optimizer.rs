@@ -306,7 +306,50 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
     if req.decode_tier {
         plan.decode_tier = super::decode_tier::decode_tier(model, &cm, req, &plan);
     }
+    split_output(model, &cm, &mut plan);
     Ok(plan)
+}
+
+/// The output projection's row split in single-token decode (patch 0043,
+/// [`CostModel::output_split`]), where it is in host memory and the CPU
+/// computes it there: its own share, which the decode tuner leaves as it
+/// is, in parts of a streaming slot each. Measured on an H200 host (R1 at 2
+/// GiB from saved plans, ffn_down streamed whole, 5% of up and gate on the
+/// GPU, interleaved three times; bench/results/session23, call a): 24.4,
+/// 32.8, 30.2 tok/s with 30.6% of its rows on the GPU (the cost model's
+/// share, what the slots hold), 29.4, 28.9, 30.9 with 20%, against 24.5,
+/// 28.8, 29.0 unsplit.
+fn split_output(model: &ModelInfo, cm: &CostModel<'_>, plan: &mut Plan) {
+    let max_gpu_bytes = plan.row_split_part_bytes() * plan.stream_slots as u64;
+    let Some(k) = plan
+        .tensors
+        .iter()
+        .position(|t| !t.resident && t.role == "Output" && t.exec.contains(&(1, Exec::Cpu)))
+    else {
+        return;
+    };
+    let Some(t) = model.tensors.iter().find(|t| t.name == plan.tensors[k].name) else {
+        return;
+    };
+    let Some((share, saved)) = cm.output_split(t, max_gpu_bytes) else {
+        return;
+    };
+    let planned = &mut plan.tensors[k];
+    for (n, e) in &mut planned.exec {
+        if *n == 1 {
+            *e = Exec::Split;
+        }
+    }
+    planned.gpu_share = vec![(1, share)];
+    // Single-token decode is the workload's decode where one sequence
+    // decodes without a draft.
+    if plan.workload.speculation.is_none() && plan.workload.decode_tokens() == 1 {
+        let faster = |tok_s: f64| 1.0 / (1.0 / tok_s - saved).max(1e-9);
+        plan.predicted.decode_tok_s = faster(plan.predicted.decode_tok_s);
+        if let Some(d) = &mut plan.decode_tier {
+            d.predicted_decode_tok_s = faster(d.predicted_decode_tok_s);
+        }
+    }
 }
 
 /// Host memory left free beside the weights and their CPU copies.

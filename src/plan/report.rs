@@ -131,12 +131,27 @@ fn table(plan: &Plan) -> String {
         );
     }
     if plan.row_split_share > 0.0 {
-        let n = plan.tensors.iter().filter(|t| !t.gpu_share.is_empty()).count();
+        let n = plan
+            .tensors
+            .iter()
+            .filter(|t| !t.gpu_share.is_empty() && super::is_dense_ffn(&t.role))
+            .count();
         let _ = writeln!(
             s,
-            "row split: in decode, the GPU streams and computes {:.0}% of the rows of {n} weights marked split, while the CPU computes the others in place",
+            "row split: in decode, the GPU streams and computes {:.0}% of the rows of {n} feed-forward weights marked split, while the CPU computes the others in place",
             plan.row_split_share * 100.0
         );
+    }
+    for t in plan.tensors.iter().filter(|t| !super::is_dense_ffn(&t.role)) {
+        if let Some(&(_, share)) = t.gpu_share.first() {
+            let _ = writeln!(
+                s,
+                "{}: in decode, the GPU streams and computes {:.0}% of its rows, in parts of at most {} (a streaming slot each), while the CPU computes the others in place",
+                t.name,
+                share * 100.0,
+                fmt_bytes(plan.row_split_part_bytes())
+            );
+        }
     }
     if plan.cpu_weight_copies {
         let _ = writeln!(
