@@ -10,7 +10,7 @@ use std::process::Command;
 
 /// The files run here: the chat, completion, Anthropic and OpenAI-responses
 /// APIs, templates and tool calls, tokenization, security, speculative
-/// decoding, sleep, MCP and built-in tools; 189 tests, about 80 s on two cores.
+/// decoding, sleep, MCP and built-in tools; 187 tests, about 80 s on two cores.
 const FILES: &[&str] = &[
     "unit/test_basic.py",
     "unit/test_chat_completion.py",

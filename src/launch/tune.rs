@@ -13,6 +13,7 @@
 //! [`ShareSearch`] is the choice alone, fed with measured step times (CPU
 //! tested); [`tune_split`] measures them on a loaded context.
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -315,7 +316,9 @@ impl ShareSearch {
     fn next_confirm(&self) -> Option<(i32, SplitSetting)> {
         let (o, w) = self.finalists()?;
         let (t_o, t_w) = (self.measured[&o], self.measured[&w]);
-        if !((t_w - t_o).abs() <= CONFIRM_WITHIN * t_o) {
+        // False where either is unusable (infinite): nothing to confirm.
+        let close = (t_w - t_o).abs() <= CONFIRM_WITHIN * t_o;
+        if !close {
             return None;
         }
         let count = |x: i32| self.confirmed.iter().filter(|c| c.0 == x).count();
@@ -407,10 +410,11 @@ impl ShareSearch {
         } else {
             f64::INFINITY
         };
-        if self.measured.contains_key(&offset) {
-            self.confirmed.push((offset, t));
-        } else {
-            self.measured.insert(offset, t);
+        match self.measured.entry(offset) {
+            Entry::Occupied(_) => self.confirmed.push((offset, t)),
+            Entry::Vacant(v) => {
+                v.insert(t);
+            }
         }
     }
 
