@@ -727,6 +727,27 @@ mod tests {
             .collect()
     }
 
+    /// The shares of up and gate with ffn_down streamed whole in `order`,
+    /// in tenths of a percent.
+    fn whole_permille(order: &[SplitSetting]) -> Vec<i64> {
+        order
+            .iter()
+            .filter_map(|x| match x {
+                SplitSetting::RowsDownWhole(s) => Some((s * 1000.0).round() as i64),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// `setting` streams ffn_down whole with `share` of up's and gate's
+    /// rows on the GPU.
+    fn assert_whole(setting: SplitSetting, share: f64) {
+        match setting {
+            SplitSetting::RowsDownWhole(s) => assert!((s - share).abs() < 1e-9, "{s}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// `setting` splits every weight at `share`.
     fn assert_rows(setting: SplitSetting, share: f64) {
         match setting {
@@ -952,13 +973,7 @@ mod tests {
         };
         let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.59 });
         let order = run(&mut search, whole(33.3));
-        let tried: Vec<i64> = order
-            .iter()
-            .filter_map(|x| match x {
-                SplitSetting::RowsDownWhole(s) => Some((s * 1000.0).round() as i64),
-                _ => None,
-            })
-            .collect();
+        let tried = whole_permille(&order);
         // From the share that puts as many bytes on the link as 39% of
         // every weight's rows: (3 x 39% - 1) / 2 = 8.5%, 7.5% in units.
         // Then the finalists again, alternately, as 7.5% is within 10% of
@@ -969,10 +984,7 @@ mod tests {
         assert_eq!(permille(&order[n - 4..]), [390, 390]);
         assert!(matches!(order[n - 4], SplitSetting::RowsDownWhole(_)));
         assert!(matches!(order[n - 2], SplitSetting::RowsDownWhole(_)));
-        match search.best() {
-            SplitSetting::RowsDownWhole(s) => assert!((s - 0.075).abs() < 1e-9, "{s}"),
-            other => panic!("{other:?}"),
-        }
+        assert_whole(search.best(), 0.075);
         assert!(search.best().to_string().ends_with("ffn_down streamed whole"));
         // 1% faster is within the margin: every weight stays split.
         let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.59 });
@@ -1025,18 +1037,9 @@ mod tests {
         let mut climbed = permille(&order);
         climbed.sort();
         assert_eq!(climbed, [530, 555, 580, 605, 630, 680, 730]);
-        let tried: Vec<i64> = order
-            .iter()
-            .filter_map(|x| match x {
-                SplitSetting::RowsDownWhole(s) => Some((s * 1000.0).round() as i64),
-                _ => None,
-            })
-            .collect();
+        let tried = whole_permille(&order);
         assert_eq!(tried, [375, 325, 275, 225, 175, 125, 75]);
-        match search.best() {
-            SplitSetting::RowsDownWhole(s) => assert!((s - 0.075).abs() < 1e-9, "{s}"),
-            other => panic!("{other:?}"),
-        }
+        assert_whole(search.best(), 0.075);
     }
 
     #[test]
@@ -1075,10 +1078,7 @@ mod tests {
             order[n - 4..].iter().map(whole).collect::<Vec<_>>(),
             [true, false, true, false]
         );
-        match search.best() {
-            SplitSetting::RowsDownWhole(s) => assert!((s - 0.075).abs() < 1e-9, "{s}"),
-            other => panic!("{other:?} from {times:?}"),
-        }
+        assert_whole(search.best(), 0.075);
         // Without the confirming probes the first ones would have chosen
         // every weight split.
         let mut unconfirmed = search.clone();
