@@ -4899,4 +4899,31 @@ s23c() {
     WHL=.whl/s23c s23b "$1"
 }
 
+# s23d PREFIX (a fresh H200 host, carrying as s23c): R1 at 2 GiB at the
+# tuner's choice with the committed H200 profile and with its
+# host_read_bw_with_link read as the CPU's and the link's reads together
+# (the CPU's 92 GB/s beside 55 GB/s of copies: 147 GB/s), interleaved; the
+# planner's row share with each first.
+s23d() {
+    WHL=.whl/s23c s23prep
+    local ST_LIMIT=${ST_LIMIT:-585} r
+    export ST_LIMIT
+    cp "$RES/profile.yaml" "$RES/profile-committed.yaml"
+    sed 's/^host_read_bw_with_link: .*/host_read_bw_with_link: 147000000000.0/' "$RES/profile-committed.yaml" > "$RES/profile-147.yaml"
+    for r in committed 147; do
+        $P plan -m "$W/r1.gguf" --vram-budget 2GiB -c 4352 -t 16 --profile "$RES/profile-$r.yaml" > "$RES/plan-r1-$r.txt" 2>&1
+        grep -E "row split|predicted|decode" "$RES/plan-r1-$r.txt" | head -4 | sed "s/^/$r: /"
+    done
+    for r in 1 2; do
+        cp "$RES/profile-committed.yaml" "$RES/profile.yaml"
+        st_time 40 && s20r1 "$1-r1-committed-$r" -
+        cp "$RES/profile-147.yaml" "$RES/profile.yaml"
+        st_time 40 && s20r1 "$1-r1-147-$r" -
+        st_tar
+    done
+    cp "$RES/profile-committed.yaml" "$RES/profile.yaml"
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
 "$@"
