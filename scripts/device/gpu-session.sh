@@ -4926,4 +4926,18 @@ s23d() {
     st_tar
 }
 
+# s23e PREFIX (a fresh H200 host; carry .stash and .whl/s23e, the final
+# build: the finalists compared by the median of their three probes): R1 at
+# 2 GiB at the tuner's choice while time allows.
+s23e() {
+    WHL=.whl/s23e s23prep
+    local ST_LIMIT=${ST_LIMIT:-585} i
+    export ST_LIMIT
+    for i in 1 2 3 4; do
+        st_time 30 && s20r1 "$1-r1-$i" -
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+}
+
 "$@"
