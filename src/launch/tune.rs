@@ -725,25 +725,16 @@ mod tests {
         }
     }
 
-    /// The row shares with every weight split in `order`, in tenths of a
-    /// percent.
-    fn permille(order: &[SplitSetting]) -> Vec<i64> {
+    /// The row shares in `order`, in tenths of a percent: those with every
+    /// weight split, or (`whole`) those of up and gate with ffn_down
+    /// streamed whole.
+    fn shares(order: &[SplitSetting], whole: bool) -> Vec<i64> {
         order
             .iter()
-            .filter_map(|x| match x {
-                SplitSetting::Rows(f) => Some((f * 1000.0).round() as i64),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// The shares of up and gate with ffn_down streamed whole in `order`,
-    /// in tenths of a percent.
-    fn whole_permille(order: &[SplitSetting]) -> Vec<i64> {
-        order
-            .iter()
-            .filter_map(|x| match x {
-                SplitSetting::RowsDownWhole(s) => Some((s * 1000.0).round() as i64),
+            .filter_map(|x| match (x, whole) {
+                (SplitSetting::Rows(f), false) | (SplitSetting::RowsDownWhole(f), true) => {
+                    Some((f * 1000.0).round() as i64)
+                }
                 _ => None,
             })
             .collect()
@@ -883,7 +874,7 @@ mod tests {
         // 2.5% either side of 68%, and 5% either side of the faster 70.5%.
         let ms = rows_only(|f| 46.0 + 400.0 * (f - 0.70) * (f - 0.70));
         let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.78 });
-        let order = permille(&run(&mut search, ms));
+        let order = shares(&run(&mut search, ms), false);
         // 63% and 65.5% are within 5% of the fastest, so the walk goes on
         // to 58% and 60.5%; 75.5%, to 80.5%.
         assert_eq!(order, [780, 730, 680, 630, 580, 655, 705, 755, 605, 805]);
@@ -940,7 +931,7 @@ mod tests {
         };
         let ms = rows_only(h100);
         let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.59 });
-        let order = permille(&run(&mut search, ms));
+        let order = shares(&run(&mut search, ms), false);
         assert_eq!(order, [590, 540, 640, 490, 440, 390, 340, 290, 365, 415]);
         assert_rows(search.best(), 0.39);
         // Call k: 54% measured 2.3% slower than 59%, 56.5% 15% slower (one
@@ -983,7 +974,7 @@ mod tests {
         };
         let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.59 });
         let order = run(&mut search, whole(33.3));
-        let tried = whole_permille(&order);
+        let tried = shares(&order, true);
         // From the share that puts as many bytes on the link as 39% of
         // every weight's rows: (3 x 39% - 1) / 2 = 8.5%, 7.5% in units.
         // Then the finalists again, alternately, as 7.5% is within 10% of
@@ -991,7 +982,7 @@ mod tests {
         assert_eq!(tried, [75, 125, 175, 225, 75, 75]);
         let n = order.len();
         assert!(order[..n - 8].iter().all(|x| matches!(x, SplitSetting::Rows(_))));
-        assert_eq!(permille(&order[n - 4..]), [390, 390]);
+        assert_eq!(shares(&order[n - 4..], false), [390, 390]);
         assert!(matches!(order[n - 4], SplitSetting::RowsDownWhole(_)));
         assert!(matches!(order[n - 2], SplitSetting::RowsDownWhole(_)));
         assert_whole(search.best(), 0.075);
@@ -1044,10 +1035,10 @@ mod tests {
         };
         let mut search = ShareSearch::new(SplitKnob::Rows { start: 0.73 });
         let order = run(&mut search, ms);
-        let mut climbed = permille(&order);
+        let mut climbed = shares(&order, false);
         climbed.sort();
         assert_eq!(climbed, [530, 555, 580, 605, 630, 680, 730]);
-        let tried = whole_permille(&order);
+        let tried = shares(&order, true);
         assert_eq!(tried, [375, 325, 275, 225, 175, 125, 75]);
         assert_whole(search.best(), 0.075);
     }

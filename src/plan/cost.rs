@@ -425,7 +425,14 @@ impl<'a> CostModel<'a> {
     pub fn splits_rows(&self, t: &ModelTensor) -> bool {
         matches!(t.role, TensorRole::FfnUp | TensorRole::FfnGate | TensorRole::FfnDown)
             && t.dims.iter().skip(2).all(|&d| d == 1)
-            && !self.gpu_only
+            && self.row_split_on()
+    }
+
+    /// Whether this plan may split any host weight by rows: its copies are
+    /// pinned and pipelined over a link, the plan is not GPU-only, and the
+    /// split is not turned off.
+    fn row_split_on(&self) -> bool {
+        !self.gpu_only
             && self.pinned
             && self.streaming != Streaming::Synchronous
             && self.link_bw() > 0.0
@@ -442,17 +449,10 @@ impl<'a> CostModel<'a> {
     /// share and the seconds it saves per step; None where the split does
     /// not apply or saves nothing.
     pub fn output_split(&self, t: &ModelTensor, max_gpu_bytes: u64) -> Option<(f64, f64)> {
-        let bw = self.link_bw();
-        if t.role != TensorRole::Output
-            || self.gpu_only
-            || !self.pinned
-            || self.streaming == Streaming::Synchronous
-            || bw <= 0.0
-            || self.dense_split == Some(0.0)
-            || t.nbytes == 0
-        {
+        if t.role != TensorRole::Output || !self.row_split_on() || t.nbytes == 0 {
             return None;
         }
+        let bw = self.link_bw();
         let cpu = self.compute_seconds(t, 1, Device::Cpu);
         let link = t.nbytes as f64 / bw;
         let share = (cpu / (cpu + link)).min(max_gpu_bytes as f64 / t.nbytes as f64);
