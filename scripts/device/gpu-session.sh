@@ -4940,4 +4940,130 @@ s23e() {
     echo "done at ${SECONDS} s"
 }
 
+# Session 24 (carry .whl/s24: scripts/device/pack.sh's dist without upstream/,
+# and session 23's native CPU module and upstream's llama-bench from .stash):
+# experiment 0044, the device split after a CPU split queued before the CPU
+# computes (behind a gate in pinned memory) and a CPU split's inputs read
+# with one wait; not kept: its diff is
+# bench/results/session24/experiment-0044-handover-ahead.patch, and a build
+# without it runs s24a's rows alike (its variables do nothing). s24prep
+# builds the CUDA module only (the native CPU module is session 23's: the
+# experiment does not touch it) and writes R1.
+s24prep() {
+    if [[ ! -x dist/pipeshard ]]; then
+        mkdir -p dist/upstream && tar -xJf "${WHL:-.whl/s24}/dist.tar.xz" -C dist
+    fi
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
+    if [[ ! -f dist/lib/libggml-cuda.so ]]; then
+        ( time JOBS=16 bash dist/build-cuda.sh dist 90 ) > "$RES/build-cuda.log" 2>&1 \
+            || { tail -30 "$RES/build-cuda.log"; exit 1; }
+        tail -3 "$RES/build-cuda.log"
+        xz -dc "${WHL:-.whl/s24}/libggml-cpu.so.xz" > dist/lib/libggml-cpu.so
+    fi
+    if [[ -f ${WHL:-.whl/s24}/upbench.tar.xz && ! -x dist/upstream/bin/llama-bench ]]; then
+        tar -xJf "${WHL:-.whl/s24}/upbench.tar.xz" -C dist/upstream
+        cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist/upstream/bin/
+    fi
+    [[ -f $W/r1.gguf ]] || $P synth --arch llama3.1-8b --quant q4_0 -o "$W/r1.gguf" > /dev/null
+    [[ -f $RES/profile.yaml ]] || cp profiles/intel-r-xeon-r-processor__nvidia-h200__t16.yaml "$RES/profile.yaml"
+    echo "prepared at ${SECONDS} s"
+}
+# s24run NAME PLAN: R1 from a saved plan (not tuned), 64 tokens after a 4k
+# prompt, the scheduler's timing; its decode line and the timing's last line
+s24run() {
+    GGML_SCHED_TIMING=1 PIPESHARD_LOG='warn,pipeshard=info,llama.cpp=debug' timeout 75 $P run -m "$W/r1.gguf" \
+        --plan "$2" -f "$W/prompt-4k.txt" -n 64 --ignore-eos -c 4352 -t 16 --fa on \
+        > "$RES/$1.out" 2> "$RES/$1.log" || echo "$1 failed: $?"
+    grep -E "^decode:" "$RES/$1.log" | sed "s/^/$1: /" | head -1 || true
+    grep -E "0-token graphs" "$RES/$1.log" | tail -1 | sed -E "s/^.*graphs over 32: //; s/; before.*queued ahead/, ahead/; s/^/$1: /" || true
+}
+# s24text NAME: the generated text of a run
+s24text() { md5sum < "$RES/$1.out" | sed "s/ .*/  $1/"; }
+# s24a PREFIX (a fresh H200 host): saved plans (ffn_down whole, 7.5% of up
+# and gate), patch 0044 on, off (GGML_SCHED_EARLY_LAUNCH=0
+# GGML_SCHED_EARLY_READS=0), and on with GGML_CUDA_GRAPH_OPT=1,
+# interleaved; the texts compared; then R1 at the tuner's choice.
+s24a() {
+    s24prep
+    local ST_LIMIT=${ST_LIMIT:-585} r x=$1
+    export ST_LIMIT
+    s23plans dw075=0.075:down-whole
+    for r in 1 2 3; do
+        st_time 40 && s24run "$x-on-$r" "$W/p-dw075.json"
+        st_time 40 && GGML_SCHED_EARLY_LAUNCH=0 GGML_SCHED_EARLY_READS=0 s24run "$x-off-$r" "$W/p-dw075.json"
+        st_time 40 && GGML_CUDA_GRAPH_OPT=1 s24run "$x-gopt-$r" "$W/p-dw075.json"
+        st_tar
+    done
+    for r in on-1 off-1 gopt-1 on-2 off-2; do [[ -f $RES/$x-$r.out ]] && s24text "$x-$r"; done
+    for r in 1 2; do
+        st_time 45 && s20r1 "$x-r1-$r" -
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+
+# s24c PREFIX (a fresh H200 host; carry .stash, session 23's CUDA and native
+# CPU modules and upstream's llama-bench, which patch 0044 not being kept
+# leaves current, and .whl/s24c: the final build, whose decode search
+# prefers ffn_down whole within the margin and may keep 2.5% of up and
+# gate): R1 from saved plans with ffn_down whole at 2.5%, 5% and 7.5% of up
+# and gate, interleaved twice; R1 at the tuner's choice three times;
+# upstream's R1 rows (fit in 2 GiB, full GPU).
+s24c() {
+    mkdir -p dist/upstream && tar -xJf .whl/s24c/dist.tar.xz -C dist
+    ZUPSTREAM=0 zprep_r1
+    local ST_LIMIT=${ST_LIMIT:-585} r n x=$1
+    export ST_LIMIT
+    s23plans dw025=0.025:down-whole dw05=0.05:down-whole dw075=0.075:down-whole
+    for r in 1 2; do
+        for n in dw025 dw05 dw075; do
+            st_time 40 && s24run "$x-$n-$r" "$W/p-$n.json"
+        done
+        st_tar
+    done
+    for r in 1 2 3; do
+        st_time 50 && s20r1 "$x-r1-$r" -
+        st_tar
+    done
+    st_ups "$x" r1 2048
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+# s24d PREFIX (a fresh H200 host, carrying as s24c): R1 at the tuner's
+# choice while time allows, R2 at 4 GiB twice, upstream's R2 rows.
+s24d() {
+    mkdir -p dist/upstream && tar -xJf .whl/s24c/dist.tar.xz -C dist
+    ZUPSTREAM=0 zprep_r1
+    local ST_LIMIT=${ST_LIMIT:-585} r x=$1
+    export ST_LIMIT
+    $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf" > /dev/null
+    echo "R2 written at ${SECONDS} s"
+    for r in 1 2 3; do
+        st_time 50 && s20r1 "$x-r1-$r" -
+        st_tar
+    done
+    st_time 45 && s18row "$x-r2-1" 1
+    st_time 45 && s18row "$x-r2-2" 1
+    st_tar
+    st_ups "$x" r2 4096
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+# zprep without R2 (its model takes a minute to write): the stashed modules
+# and upstream's llama-bench, R1, the committed profile
+zprep_r1() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
+    cat .stash/cudalib/libggml-cuda.so.xz.* | xz -d > dist/lib/libggml-cuda.so
+    xz -dc .stash/cudalib/libggml-cpu.so.xz > dist/lib/libggml-cpu.so
+    bash scripts/device/cuda-stack.sh dist
+    tar -xJf .stash/upbench.tar.xz -C dist/upstream
+    cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist/upstream/bin/
+    $P synth --arch llama3.1-8b --quant q4_0 -o "$W/r1.gguf" > /dev/null
+    cp profiles/intel-r-xeon-r-processor__nvidia-h200__t16.yaml "$RES/profile.yaml"
+    echo "prepared at ${SECONDS} s"
+}
+
 "$@"
