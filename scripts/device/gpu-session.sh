@@ -5051,6 +5051,24 @@ s24d() {
     echo "done at ${SECONDS} s"
     st_tar
 }
+# s24f PREFIX (a fresh H200 host, carrying as s24c): R1 from saved plans,
+# ffn_down whole with 5% of up and gate, the output projection's GPU share
+# at the planner's 30.6%, 20% and 10%, interleaved while time allows.
+s24f() {
+    mkdir -p dist/upstream && tar -xJf .whl/s24c/dist.tar.xz -C dist
+    ZUPSTREAM=0 zprep_r1
+    local ST_LIMIT=${ST_LIMIT:-585} r n x=$1
+    export ST_LIMIT
+    s23plans dw05-o31=0.05:down-whole dw05-o20=0.05:down-whole:--output,0.20 dw05-o10=0.05:down-whole:--output,0.10
+    for r in 1 2 3; do
+        for n in dw05-o31 dw05-o20 dw05-o10; do
+            st_time 30 && s24run "$x-$n-$r" "$W/p-$n.json"
+        done
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
 # zprep without R2 (its model takes a minute to write): the stashed modules
 # and upstream's llama-bench, R1, the committed profile
 zprep_r1() {
