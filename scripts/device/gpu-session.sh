@@ -5012,17 +5012,11 @@ s24a() {
 # and gate, interleaved twice; R1 at the tuner's choice three times;
 # upstream's R1 rows (fit in 2 GiB, full GPU).
 s24c() {
-    mkdir -p dist/upstream && tar -xJf .whl/s24c/dist.tar.xz -C dist
-    ZUPSTREAM=0 zprep_r1
-    local ST_LIMIT=${ST_LIMIT:-585} r n x=$1
+    zprep_r1
+    local ST_LIMIT=${ST_LIMIT:-585} r x=$1
     export ST_LIMIT
     s23plans dw025=0.025:down-whole dw05=0.05:down-whole dw075=0.075:down-whole
-    for r in 1 2; do
-        for n in dw025 dw05 dw075; do
-            st_time 40 && s24run "$x-$n-$r" "$W/p-$n.json"
-        done
-        st_tar
-    done
+    s24rounds "$x" 2 40 dw025 dw05 dw075
     for r in 1 2 3; do
         st_time 50 && s20r1 "$x-r1-$r" -
         st_tar
@@ -5034,8 +5028,7 @@ s24c() {
 # s24d PREFIX (a fresh H200 host, carrying as s24c): R1 at the tuner's
 # choice while time allows, R2 at 4 GiB twice, upstream's R2 rows.
 s24d() {
-    mkdir -p dist/upstream && tar -xJf .whl/s24c/dist.tar.xz -C dist
-    ZUPSTREAM=0 zprep_r1
+    zprep_r1
     local ST_LIMIT=${ST_LIMIT:-585} r x=$1
     export ST_LIMIT
     $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf" > /dev/null
@@ -5055,23 +5048,31 @@ s24d() {
 # ffn_down whole with 5% of up and gate, the output projection's GPU share
 # at the planner's 30.6%, 20% and 10%, interleaved while time allows.
 s24f() {
-    mkdir -p dist/upstream && tar -xJf .whl/s24c/dist.tar.xz -C dist
-    ZUPSTREAM=0 zprep_r1
-    local ST_LIMIT=${ST_LIMIT:-585} r n x=$1
+    zprep_r1
+    local ST_LIMIT=${ST_LIMIT:-585}
     export ST_LIMIT
     s23plans dw05-o31=0.05:down-whole dw05-o20=0.05:down-whole:--output,0.20 dw05-o10=0.05:down-whole:--output,0.10
-    for r in 1 2 3; do
-        for n in dw05-o31 dw05-o20 dw05-o10; do
-            st_time 30 && s24run "$x-$n-$r" "$W/p-$n.json"
-        done
-        st_tar
-    done
+    s24rounds "$1" 3 30 dw05-o31 dw05-o20 dw05-o10
     echo "done at ${SECONDS} s"
     st_tar
 }
-# zprep without R2 (its model takes a minute to write): the stashed modules
-# and upstream's llama-bench, R1, the committed profile
+# s24rounds PREFIX ROUNDS MARGIN NAME...: s24run of the saved plans
+# $W/p-NAME.json in turn, ROUNDS times, each while st_time MARGIN allows
+s24rounds() {
+    local x=$1 rounds=$2 margin=$3 r n
+    shift 3
+    for ((r = 1; r <= rounds; r++)); do
+        for n in "$@"; do
+            st_time "$margin" && s24run "$x-$n-$r" "$W/p-$n.json"
+        done
+        st_tar
+    done
+}
+# The final build from .whl/s24c with the stashed modules and upstream's
+# llama-bench (no build, no R2: its model takes a while to write), R1, the
+# committed profile
 zprep_r1() {
+    mkdir -p dist/upstream && tar -xJf .whl/s24c/dist.tar.xz -C dist
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
     lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
     cat .stash/cudalib/libggml-cuda.so.xz.* | xz -d > dist/lib/libggml-cuda.so
