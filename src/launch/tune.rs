@@ -472,8 +472,9 @@ impl ShareSearch {
     /// the climb's choice is faster than it by more than the margin, each
     /// by its confirming probes where it has them. Within the margin
     /// ffn_down whole wins: it hands over between the CPU and the GPU once
-    /// per layer instead of twice, and in every run where the two probed
-    /// alike, the run that kept every weight split decoded slower. On an
+    /// per layer instead of twice, and the runs whose finalists probed
+    /// alike and that kept every weight split decoded slower than their
+    /// hosts' runs that kept ffn_down whole. On an
     /// H200 host with medians of 35.00 ms (ffn_down whole) and 35.17 ms
     /// (43% of every weight), the run kept 43% and decoded 27.8 and 25.8
     /// tok/s, where the same host's runs that kept ffn_down whole decoded
