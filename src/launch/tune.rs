@@ -482,10 +482,14 @@ impl ShareSearch {
     /// one that kept 33% at 0.7% faster decoded 25.1-25.4, the others
     /// 27.9-32.1.
     pub fn best_offset(&self) -> i32 {
-        match self.finalists() {
-            Some((o, w)) if self.choice_time(o) < self.choice_time(w) * (1.0 - self.margin) => o,
-            Some((_, w)) if self.choice_time(w).is_finite() => w,
-            _ => self.climb_choice(),
+        let Some((o, w)) = self.finalists() else {
+            return self.climb_choice();
+        };
+        let (t_o, t_w) = (self.choice_time(o), self.choice_time(w));
+        if t_w.is_finite() && t_o >= t_w * (1.0 - self.margin) {
+            w
+        } else {
+            o
         }
     }
 
