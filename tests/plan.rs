@@ -1365,11 +1365,12 @@ fn reference_request(budget: u64, gen: u64) -> PlanRequest {
 /// The decode tier: the memory a prompt's compute buffers free once decode
 /// runs at one token holds more weights while decoding. R1 at 2 GiB (64
 /// generated tokens) and R2 at 4 GiB (512) on the H200 profile: the units
-/// fit the freed memory less the margin, each is a host weight of the plan
-/// (a layer's routed experts as one unit), and the prediction with them is
-/// faster. The decoding plan makes them resident in every tier, so no
-/// callback streams, splits or runs them on the CPU, and keeps everything
-/// else.
+/// planned fit the freed memory less the margin, those listed beyond them
+/// the plan's allowances outside llama.cpp's buffers (which the launch
+/// measures), each is a host weight of the plan (a layer's routed experts
+/// as one unit), and the prediction with the planned ones is faster. The
+/// decoding plan makes them resident in every tier, so no callback streams,
+/// splits or runs them on the CPU, and keeps everything else.
 #[test]
 fn the_decode_tier_fills_the_prompts_compute_buffers_with_weights() {
     for (preset, budget, gen) in [("llama3.1-8b", 2 * GIB, 64), ("qwen3-30b-a3b", 4 * GIB, 512)] {
@@ -1386,6 +1387,13 @@ fn the_decode_tier_fills_the_prompts_compute_buffers_with_weights() {
             "{preset}: {} of units in {} freed",
             tier.bytes(),
             p.vram.compute - tier.compute
+        );
+        assert!(tier.beyond > 0 && tier.planned().len() + tier.beyond == tier.units.len());
+        assert!(
+            tier.all_bytes() + tier.compute + plan::DECODE_TIER_MARGIN
+                <= p.vram.compute + p.vram.reserve + p.vram.stream_overhead,
+            "{preset}: {} listed",
+            tier.all_bytes()
         );
         assert!(
             tier.predicted_decode_tok_s > p.predicted.decode_tok_s * 1.02,
@@ -1414,7 +1422,7 @@ fn the_decode_tier_fills_the_prompts_compute_buffers_with_weights() {
                 assert_eq!(u.weights.len(), host_experts, "{preset}: {u:?}");
             }
         }
-        let all = p.decoding(tier.units.len());
+        let all = p.decoding(tier.planned().len());
         assert!(all.decode_tier.is_none());
         assert_eq!(all.vram.compute, tier.compute);
         assert_eq!(all.vram.weights, p.vram.weights + tier.bytes());
@@ -1423,7 +1431,7 @@ fn the_decode_tier_fills_the_prompts_compute_buffers_with_weights() {
             "{preset}: decoding needs more than the prompt"
         );
         let policies = plan::apply::policies(&all);
-        for u in &tier.units {
+        for u in tier.planned() {
             for w in &u.weights {
                 let t = all.tensors.iter().find(|t| &t.name == w).unwrap();
                 assert!(t.resident && t.exec.iter().all(|&(_, e)| e == Exec::Resident));
@@ -1439,7 +1447,7 @@ fn the_decode_tier_fills_the_prompts_compute_buffers_with_weights() {
             }
         }
         // The other weights keep their decisions.
-        let names: std::collections::HashSet<&String> = tier.units.iter().flat_map(|u| &u.weights).collect();
+        let names: std::collections::HashSet<&String> = tier.planned().iter().flat_map(|u| &u.weights).collect();
         assert!(all
             .tensors
             .iter()

@@ -5068,21 +5068,163 @@ s24rounds() {
         st_tar
     done
 }
-# The final build from .whl/s24c with the stashed modules and upstream's
-# llama-bench (no build, no R2: its model takes a while to write), R1, the
-# committed profile
+# The final build from WHL (default .whl/s24c) with the stashed modules and
+# upstream's llama-bench (no build, no R2: its model takes a while to
+# write), R1, the committed profile. With CPU=own the build's own CPU module
+# stays (one built on the dev machine for these hosts' CPU features).
 zprep_r1() {
-    mkdir -p dist/upstream && tar -xJf .whl/s24c/dist.tar.xz -C dist
+    local whl=${1:-.whl/s24c} cpu=${2:-stash}
+    mkdir -p dist/upstream && tar -xJf "$whl/dist.tar.xz" -C dist
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/machine.txt"
-    lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$RES/machine.txt"
+    lscpu | grep -E "Model name|^CPU\(s\)|L2 cache|L3 cache" | tee -a "$RES/machine.txt"
+    grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^avx512(f|bw|vl|_vnni|_bf16|vbmi)$|^avx_vnni$' | tr '\n' ' ' | tee -a "$RES/machine.txt"
+    echo | tee -a "$RES/machine.txt"
     cat .stash/cudalib/libggml-cuda.so.xz.* | xz -d > dist/lib/libggml-cuda.so
-    xz -dc .stash/cudalib/libggml-cpu.so.xz > dist/lib/libggml-cpu.so
+    [[ $cpu == own ]] || xz -dc .stash/cudalib/libggml-cpu.so.xz > dist/lib/libggml-cpu.so
     bash scripts/device/cuda-stack.sh dist
     tar -xJf .stash/upbench.tar.xz -C dist/upstream
     cp dist/lib/libggml-cuda.so dist/lib/libggml-cpu.so dist/upstream/bin/
     $P synth --arch llama3.1-8b --quant q4_0 -o "$W/r1.gguf" > /dev/null
     cp profiles/intel-r-xeon-r-processor__nvidia-h200__t16.yaml "$RES/profile.yaml"
     echo "prepared at ${SECONDS} s"
+}
+
+# s25a PREFIX (a fresh H200 host; carry .stash, session 23's CUDA module and
+# upstream's llama-bench, and .whl/s25a: the build with patch 0044 (the
+# CPU's threads read their first weights while the scheduler waits for a
+# CPU split's inputs) and its CPU module built on the dev machine with these
+# hosts' AVX-512 features): saved plans (ffn_down whole, 5% and 10% of up
+# and gate) with the reads ahead on and off (GGML_SCHED_CPU_PREFETCH=0),
+# interleaved, the texts compared; R1 at the tuner's choice, on and off;
+# upstream's R1 rows.
+s25a() {
+    zprep_r1 .whl/s25a own
+    local ST_LIMIT=${ST_LIMIT:-585} r x=$1
+    export ST_LIMIT
+    s23plans dw05=0.05:down-whole dw10=0.10:down-whole
+    for r in 1 2 3; do
+        st_time 40 && s24run "$x-on05-$r" "$W/p-dw05.json"
+        st_time 40 && GGML_SCHED_CPU_PREFETCH=0 s24run "$x-off05-$r" "$W/p-dw05.json"
+        st_time 40 && s24run "$x-on10-$r" "$W/p-dw10.json"
+        st_time 40 && GGML_SCHED_CPU_PREFETCH=0 s24run "$x-off10-$r" "$W/p-dw10.json"
+        st_tar
+    done
+    for r in on05-1 off05-1 on10-1 off10-1; do [[ -f $RES/$x-$r.out ]] && s24text "$x-$r"; done
+    for r in 1 2; do
+        st_time 50 && s20r1 "$x-r1-on-$r" -
+        st_time 50 && GGML_SCHED_CPU_PREFETCH=0 s20r1 "$x-r1-off-$r" -
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+# s25b PREFIX (a fresh H200 host; carry .stash and .whl/s25b: patch 0044
+# with the reads ahead going on past each thread's first chunks, to the
+# chunks left, GGML_CPU_PREFETCH_REST=0 stopping after the first chunks):
+# saved plan (ffn_down whole, 5%) with the reads ahead whole, first chunks
+# only, and off, interleaved; R1 at the tuner's choice three times, once
+# off; upstream's R1 rows; R2 at 4 GiB and upstream's R2 rows while time
+# allows.
+s25b() {
+    zprep_r1 .whl/s25b own
+    local ST_LIMIT=${ST_LIMIT:-585} r x=$1
+    export ST_LIMIT
+    s23plans dw05=0.05:down-whole
+    for r in 1 2 3; do
+        st_time 40 && s24run "$x-all-$r" "$W/p-dw05.json"
+        st_time 40 && GGML_CPU_PREFETCH_REST=0 s24run "$x-first-$r" "$W/p-dw05.json"
+        st_time 40 && GGML_SCHED_CPU_PREFETCH=0 s24run "$x-off-$r" "$W/p-dw05.json"
+        st_tar
+    done
+    for r in all-1 first-1 off-1; do [[ -f $RES/$x-$r.out ]] && s24text "$x-$r"; done
+    for r in 1 2 3; do
+        st_time 50 && s20r1 "$x-r1-on-$r" -
+        st_tar
+    done
+    st_time 50 && GGML_SCHED_CPU_PREFETCH=0 s20r1 "$x-r1-off-1" -
+    st_ups "$x" r1 2048
+    st_tar
+    st_time 120 && $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf" > /dev/null
+    st_time 60 && s18row "$x-r2-1" 1
+    st_tar
+    st_time 100 && st_ups "$x" r2 4096
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+# s25c PREFIX (a fresh H200 host; carry .stash and .whl/s25c: patch 0044
+# and the decode tier listing units beyond the freed memory, which the
+# launch takes as far as the room it measures under the budget allows):
+# saved plans (ffn_down whole, 5%) with the decode tier as listed and cut
+# to its planned units (the tier as before), interleaved; R1 at the
+# tuner's choice while time allows; upstream's R1 rows.
+s25c() {
+    zprep_r1 .whl/s25c own
+    local ST_LIMIT=${ST_LIMIT:-585} r x=$1
+    export ST_LIMIT
+    s23plans dw05=0.05:down-whole
+    python3 -c "
+import json, sys
+p = json.load(open(sys.argv[1]))
+t = p['decode_tier']
+t['units'] = t['units'][:len(t['units']) - t['beyond']]
+t['beyond'] = 0
+json.dump(p, open(sys.argv[2], 'w'))" "$W/p-dw05.json" "$W/p-dw05cut.json"
+    for r in 1 2 3; do
+        st_time 40 && s24run "$x-tier-$r" "$W/p-dw05.json"
+        st_time 40 && s24run "$x-cut-$r" "$W/p-dw05cut.json"
+        st_tar
+    done
+    grep -h "decode tier:" "$RES/$x-tier-1.log" "$RES/$x-cut-1.log" | sed -E "s/^.*INFO[^ ]* //" | head -4
+    for r in tier-1 cut-1; do [[ -f $RES/$x-$r.out ]] && s24text "$x-$r"; done
+    st_ups "$x" r1 2048
+    for r in 1 2 3 4 5; do
+        st_time 50 && s20r1 "$x-r1-$r" -
+        st_tar
+    done
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+# s25d PREFIX (a fresh H200 host; carry .stash and .whl/s25d: the final
+# build, patch 0044 reading ahead to the chunks left, and the decode tier
+# planned as before plus the units beyond, taken as far as the room
+# measured allows): R1 at the tuner's choice five times, upstream's R1
+# rows, R2 at 4 GiB twice, upstream's R2 rows, each while time allows.
+s25d() {
+    zprep_r1 .whl/s25d own
+    local ST_LIMIT=${ST_LIMIT:-585} r x=$1
+    export ST_LIMIT
+    $P plan -m "$W/r1.gguf" --vram-budget 2GiB -c 4352 -t 16 --profile "$RES/profile.yaml" > "$RES/plan-r1.txt"
+    for r in 1 2 3 4 5; do
+        st_time 50 && s20r1 "$x-r1-$r" -
+        st_tar
+    done
+    st_ups "$x" r1 2048
+    st_tar
+    st_time 120 && $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf" > /dev/null
+    for r in 1 2; do
+        st_time 60 && s18row "$x-r2-$r" 1
+        st_tar
+    done
+    st_time 100 && st_ups "$x" r2 4096
+    echo "done at ${SECONDS} s"
+    st_tar
+}
+# s25e PREFIX (another fresh H200 host, carrying as s25d): R1 at the
+# tuner's choice four times, twice more without the reads ahead
+# (GGML_SCHED_CPU_PREFETCH=0), interleaved; upstream's R1 rows.
+s25e() {
+    zprep_r1 .whl/s25d own
+    local ST_LIMIT=${ST_LIMIT:-585} r x=$1
+    export ST_LIMIT
+    for r in 1 2; do
+        st_time 50 && s20r1 "$x-r1-$r" -
+        st_time 50 && GGML_SCHED_CPU_PREFETCH=0 s20r1 "$x-r1-off-$r" -
+        st_time 50 && s20r1 "$x-r1-$((r + 2))" -
+        st_tar
+    done
+    st_ups "$x" r1 2048
+    echo "done at ${SECONDS} s"
+    st_tar
 }
 
 "$@"

@@ -35,8 +35,13 @@ pub struct Decoding {
 #[derive(Debug, Clone)]
 pub struct DecodeEntry {
     pub units: usize,
+    /// The units that fit the plan's freed memory.
     pub planned_units: usize,
+    /// All units listed, beyond the planned ones too.
+    pub listed_units: usize,
     pub bytes: u64,
+    /// The room measured under the budget (NVML), if it was.
+    pub room: Option<u64>,
     pub elapsed_s: f64,
 }
 
@@ -44,12 +49,16 @@ impl std::fmt::Display for DecodeEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "decode tier: {} of {} units resident ({}), in {:.1} ms",
+            "decode tier: {} units resident ({}; {} planned, {} listed",
             self.units,
-            self.planned_units,
             fmt_bytes(self.bytes),
-            self.elapsed_s * 1e3
-        )
+            self.planned_units,
+            self.listed_units
+        )?;
+        if let Some(room) = self.room {
+            write!(f, ", {} of room measured under the budget", fmt_bytes(room))?;
+        }
+        write!(f, "), in {:.1} ms", self.elapsed_s * 1e3)
     }
 }
 
@@ -128,11 +137,9 @@ impl Launch {
             })
             .collect();
         // The room measured now, where NVML can tell; else the plan's.
-        let room = match engine::process_device_bytes() {
-            Some((now, _)) => self.budget.saturating_sub(now).saturating_sub(DECODE_TIER_MARGIN),
-            None => tier.bytes(),
-        };
-        let n = units_that_fit(&sizes, room);
+        let measured = engine::process_device_bytes()
+            .map(|(now, _)| self.budget.saturating_sub(now).saturating_sub(DECODE_TIER_MARGIN));
+        let n = units_that_fit(&sizes, measured.unwrap_or_else(|| tier.bytes()));
         if n == 0 {
             tracing::info!("decode tier: no room for its weights under the budget now");
             ctx.set_ubatch(self.plan.ubatch)?;
@@ -152,8 +159,10 @@ impl Launch {
         self.decoding = Some(Decoding { prompt_plan, promoted });
         let entry = DecodeEntry {
             units: n,
-            planned_units: tier.units.len(),
+            planned_units: tier.planned().len(),
+            listed_units: tier.units.len(),
             bytes: sizes[..n].iter().sum(),
+            room: measured,
             elapsed_s: start.elapsed().as_secs_f64(),
         };
         tracing::info!("{entry}");

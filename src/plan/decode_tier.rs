@@ -11,6 +11,13 @@
 //! stop the split). Units are added greedily by the decode time they save
 //! per byte, as the cost model prices the whole step with them, so a unit
 //! that saves nothing is never added.
+//!
+//! The list goes on past the freed memory, for as many bytes as the plan
+//! allows for what the process holds outside llama.cpp's buffers (the
+//! reserve, streaming's overhead): those allowances are estimates made
+//! before loading, and the launch measures the room under the budget
+//! (NVML) and takes the prefix that fits
+//! ([`crate::launch::Launch::enter_decode`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -41,16 +48,31 @@ pub struct DecodeTier {
     pub ubatch: u32,
     /// The compute buffers at that ubatch, priced like the plan's.
     pub compute: u64,
-    /// Units made resident while decoding, best first; a launch that finds
-    /// less memory free than planned takes a prefix.
+    /// Units made resident while decoding, best first; a launch takes the
+    /// prefix that the room it measures holds.
     pub units: Vec<DecodeUnit>,
-    /// The predicted decode speed with every unit resident.
+    /// How many of the last units go beyond the freed memory, into the
+    /// plan's allowances outside llama.cpp's buffers.
+    #[serde(default)]
+    pub beyond: usize,
+    /// The predicted decode speed with the planned units (all but those
+    /// beyond) resident.
     pub predicted_decode_tok_s: f64,
 }
 
 impl DecodeTier {
-    /// Device bytes of all units.
+    /// The units that fit the freed memory.
+    pub fn planned(&self) -> &[DecodeUnit] {
+        &self.units[..self.units.len() - self.beyond.min(self.units.len())]
+    }
+
+    /// Device bytes of the planned units.
     pub fn bytes(&self) -> u64 {
+        self.planned().iter().map(|u| u.bytes).sum()
+    }
+
+    /// Device bytes of all units.
+    pub fn all_bytes(&self) -> u64 {
         self.units.iter().map(|u| u.bytes).sum()
     }
 }
@@ -76,11 +98,12 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
     }
     let ubatch = plan.tiers.iter().copied().filter(|&t| t < plan.ubatch).max()?;
     let compute = planned_compute(model, req, ubatch as u64, 0);
-    let mut room = plan
+    let planned_room = plan
         .vram
         .compute
         .saturating_sub(compute)
         .saturating_sub(DECODE_TIER_MARGIN);
+    let mut room = planned_room;
 
     let ev = Evaluator::new(model, cm, plan.workload, plan.ubatch, plan.kv_gpu_layers);
     let mut resident: Vec<bool> = ev
@@ -122,50 +145,61 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
     let mut chosen: Vec<DecodeUnit> = Vec::new();
     let before = step_s(&resident);
     let mut now = before;
-    loop {
-        // The unit that saves the most decode time per byte and fits.
-        let mut best: Option<(f64, usize, f64)> = None;
-        for (ui, u) in units.iter().enumerate() {
-            let bytes = size(u);
-            if bytes > room {
-                continue;
+    // First the freed memory, then the allowances beyond it; the step with
+    // the planned units, and how many they are.
+    let mut planned = (now, 0);
+    for extra in [0, plan.vram.reserve + plan.vram.stream_overhead] {
+        room += extra;
+        loop {
+            // The unit that saves the most decode time per byte and fits.
+            let mut best: Option<(f64, usize, f64)> = None;
+            for (ui, u) in units.iter().enumerate() {
+                let bytes = size(u);
+                if bytes > room {
+                    continue;
+                }
+                let mut with = resident.clone();
+                for &k in u {
+                    with[k] = true;
+                }
+                let t = step_s(&with);
+                let gain = (now - t) / bytes.max(1) as f64;
+                // It must save more over the workload than its copy costs.
+                let pays = (now - t) * steps > copy_s(bytes);
+                if pays && now - t > 1e-9 && best.map_or(true, |b| gain > b.0) {
+                    best = Some((gain, ui, t));
+                }
             }
-            let mut with = resident.clone();
-            for &k in u {
-                with[k] = true;
+            let Some((_, ui, t)) = best else {
+                break;
+            };
+            let u = units.swap_remove(ui);
+            let bytes = size(&u);
+            for &k in &u {
+                resident[k] = true;
             }
-            let t = step_s(&with);
-            let gain = (now - t) / bytes.max(1) as f64;
-            // It must save more over the workload than its copy costs.
-            let pays = (now - t) * steps > copy_s(bytes);
-            if pays && now - t > 1e-9 && best.map_or(true, |b| gain > b.0) {
-                best = Some((gain, ui, t));
-            }
+            room -= bytes;
+            now = t;
+            chosen.push(DecodeUnit {
+                weights: u.iter().map(|&k| model.tensors[ev.tensors[k]].name.clone()).collect(),
+                bytes,
+            });
         }
-        let Some((_, ui, t)) = best else {
-            break;
-        };
-        let u = units.swap_remove(ui);
-        let bytes = size(&u);
-        for &k in &u {
-            resident[k] = true;
+        if extra == 0 {
+            planned = (now, chosen.len());
         }
-        room -= bytes;
-        now = t;
-        chosen.push(DecodeUnit {
-            weights: u.iter().map(|&k| model.tensors[ev.tensors[k]].name.clone()).collect(),
-            bytes,
-        });
     }
-    // The switch itself (buffers, graphs) must pay too; a tier without
-    // units saves nothing, so it never does.
+    let (now, n_planned) = planned;
+    // The switch itself (buffers, graphs) must pay too, with the planned
+    // units; a tier without units saves nothing, so it never does.
     let switch_s = cm.overheads.decode_tier_layer_s * model.n_layer as f64;
-    if (before - now) * steps <= switch_s + copy_s(chosen.iter().map(|u| u.bytes).sum()) {
+    if (before - now) * steps <= switch_s + copy_s(chosen[..n_planned].iter().map(|u| u.bytes).sum()) {
         return None;
     }
     Some(DecodeTier {
         ubatch,
         compute,
+        beyond: chosen.len() - n_planned,
         units: chosen,
         predicted_decode_tok_s: 1.0 / now,
     })

@@ -93,12 +93,14 @@ fn table(plan: &Plan) -> String {
     if let Some(t) = &plan.decode_tier {
         let _ = writeln!(
             s,
-            "decode tier: after the prompt, the compute buffers shrink to {} at ubatch {} and {} more weights ({}) are resident while decoding, until the next prompt: predicted decode {:.1} tok/s",
+            "decode tier: after the prompt, the compute buffers shrink to {} at ubatch {} and {} more weights ({}) are resident while decoding, until the next prompt: predicted decode {:.1} tok/s; up to {} more ({}) where the process holds less outside llama.cpp's buffers than the plan allows",
             fmt_bytes(t.compute),
             t.ubatch,
-            t.units.iter().map(|u| u.weights.len()).sum::<usize>(),
+            t.planned().iter().map(|u| u.weights.len()).sum::<usize>(),
             fmt_bytes(t.bytes()),
-            t.predicted_decode_tok_s
+            t.predicted_decode_tok_s,
+            t.units[t.planned().len()..].iter().map(|u| u.weights.len()).sum::<usize>(),
+            fmt_bytes(t.all_bytes() - t.bytes()),
         );
     }
     if let (Some(w), Some(sp)) = (plan.workload.speculation, p.speculation) {
