@@ -5089,6 +5089,26 @@ zprep_r1() {
     echo "prepared at ${SECONDS} s"
 }
 
+# s25variants PREFIX ROUNDS VARIANT...: s24run of each VARIANT
+# (NAME:PLAN[:VAR=VALUE...], the saved plan $W/p-PLAN.json with those
+# variables set) in turn, ROUNDS times, each while 40 s are left; then the
+# md5 of each variant's first text
+s25variants() {
+    local x=$1 rounds=$2 r v name plan vars
+    shift 2
+    for ((r = 1; r <= rounds; r++)); do
+        for v in "$@"; do
+            IFS=: read -r name plan vars <<< "$v"
+            # shellcheck disable=SC2086
+            st_time 40 && ( [[ -z $vars ]] || export ${vars//:/ }; s24run "$x-$name-$r" "$W/p-$plan.json" )
+        done
+        st_tar
+    done
+    for v in "$@"; do
+        name=${v%%:*}
+        [[ -f $RES/$x-$name-1.out ]] && s24text "$x-$name-1"
+    done
+}
 # s25a PREFIX (a fresh H200 host; carry .stash, session 23's CUDA module and
 # upstream's llama-bench, and .whl/s25a: the build with patch 0044 (the
 # CPU's threads read their first weights while the scheduler waits for a
@@ -5102,14 +5122,7 @@ s25a() {
     local ST_LIMIT=${ST_LIMIT:-585} r x=$1
     export ST_LIMIT
     s23plans dw05=0.05:down-whole dw10=0.10:down-whole
-    for r in 1 2 3; do
-        st_time 40 && s24run "$x-on05-$r" "$W/p-dw05.json"
-        st_time 40 && GGML_SCHED_CPU_PREFETCH=0 s24run "$x-off05-$r" "$W/p-dw05.json"
-        st_time 40 && s24run "$x-on10-$r" "$W/p-dw10.json"
-        st_time 40 && GGML_SCHED_CPU_PREFETCH=0 s24run "$x-off10-$r" "$W/p-dw10.json"
-        st_tar
-    done
-    for r in on05-1 off05-1 on10-1 off10-1; do [[ -f $RES/$x-$r.out ]] && s24text "$x-$r"; done
+    s25variants "$x" 3 on05:dw05 off05:dw05:GGML_SCHED_CPU_PREFETCH=0 on10:dw10 off10:dw10:GGML_SCHED_CPU_PREFETCH=0
     for r in 1 2; do
         st_time 50 && s20r1 "$x-r1-on-$r" -
         st_time 50 && GGML_SCHED_CPU_PREFETCH=0 s20r1 "$x-r1-off-$r" -
@@ -5120,7 +5133,8 @@ s25a() {
 }
 # s25b PREFIX (a fresh H200 host; carry .stash and .whl/s25b: patch 0044
 # with the reads ahead going on past each thread's first chunks, to the
-# chunks left, GGML_CPU_PREFETCH_REST=0 stopping after the first chunks):
+# chunks left, GGML_CPU_PREFETCH_REST=0 stopping after the first chunks
+# in that build only):
 # saved plan (ffn_down whole, 5%) with the reads ahead whole, first chunks
 # only, and off, interleaved; R1 at the tuner's choice three times, once
 # off; upstream's R1 rows; R2 at 4 GiB and upstream's R2 rows while time
@@ -5130,13 +5144,7 @@ s25b() {
     local ST_LIMIT=${ST_LIMIT:-585} r x=$1
     export ST_LIMIT
     s23plans dw05=0.05:down-whole
-    for r in 1 2 3; do
-        st_time 40 && s24run "$x-all-$r" "$W/p-dw05.json"
-        st_time 40 && GGML_CPU_PREFETCH_REST=0 s24run "$x-first-$r" "$W/p-dw05.json"
-        st_time 40 && GGML_SCHED_CPU_PREFETCH=0 s24run "$x-off-$r" "$W/p-dw05.json"
-        st_tar
-    done
-    for r in all-1 first-1 off-1; do [[ -f $RES/$x-$r.out ]] && s24text "$x-$r"; done
+    s25variants "$x" 3 all:dw05 first:dw05:GGML_CPU_PREFETCH_REST=0 off:dw05:GGML_SCHED_CPU_PREFETCH=0
     for r in 1 2 3; do
         st_time 50 && s20r1 "$x-r1-on-$r" -
         st_tar
@@ -5169,13 +5177,8 @@ t = p['decode_tier']
 t['units'] = t['units'][:len(t['units']) - t['beyond']]
 t['beyond'] = 0
 json.dump(p, open(sys.argv[2], 'w'))" "$W/p-dw05.json" "$W/p-dw05cut.json"
-    for r in 1 2 3; do
-        st_time 40 && s24run "$x-tier-$r" "$W/p-dw05.json"
-        st_time 40 && s24run "$x-cut-$r" "$W/p-dw05cut.json"
-        st_tar
-    done
+    s25variants "$x" 3 tier:dw05 cut:dw05cut
     grep -h "decode tier:" "$RES/$x-tier-1.log" "$RES/$x-cut-1.log" | sed -E "s/^.*INFO[^ ]* //" | head -4
-    for r in tier-1 cut-1; do [[ -f $RES/$x-$r.out ]] && s24text "$x-$r"; done
     st_ups "$x" r1 2048
     for r in 1 2 3 4 5; do
         st_time 50 && s20r1 "$x-r1-$r" -

@@ -98,12 +98,11 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
     }
     let ubatch = plan.tiers.iter().copied().filter(|&t| t < plan.ubatch).max()?;
     let compute = planned_compute(model, req, ubatch as u64, 0);
-    let planned_room = plan
+    let mut room = plan
         .vram
         .compute
         .saturating_sub(compute)
         .saturating_sub(DECODE_TIER_MARGIN);
-    let mut room = planned_room;
 
     let ev = Evaluator::new(model, cm, plan.workload, plan.ubatch, plan.kv_gpu_layers);
     let mut resident: Vec<bool> = ev
