@@ -5109,6 +5109,17 @@ s25variants() {
         [[ -f $RES/$x-$name-1.out ]] && s24text "$x-$name-1"
     done
 }
+# s25r2 PREFIX N: R2 written, at 4 GiB N times, then upstream's R2 rows,
+# each while time allows
+s25r2() {
+    local x=$1 n=$2 r
+    st_time 120 && $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf" > /dev/null
+    for ((r = 1; r <= n; r++)); do
+        st_time 60 && s18row "$x-r2-$r" 1
+        st_tar
+    done
+    st_time 100 && st_ups "$x" r2 4096
+}
 # s25a PREFIX (a fresh H200 host; carry .stash, session 23's CUDA module and
 # upstream's llama-bench, and .whl/s25a: the build with patch 0044 (the
 # CPU's threads read their first weights while the scheduler waits for a
@@ -5152,10 +5163,7 @@ s25b() {
     st_time 50 && GGML_SCHED_CPU_PREFETCH=0 s20r1 "$x-r1-off-1" -
     st_ups "$x" r1 2048
     st_tar
-    st_time 120 && $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf" > /dev/null
-    st_time 60 && s18row "$x-r2-1" 1
-    st_tar
-    st_time 100 && st_ups "$x" r2 4096
+    s25r2 "$x" 1
     echo "done at ${SECONDS} s"
     st_tar
 }
@@ -5203,12 +5211,7 @@ s25d() {
     done
     st_ups "$x" r1 2048
     st_tar
-    st_time 120 && $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf" > /dev/null
-    for r in 1 2; do
-        st_time 60 && s18row "$x-r2-$r" 1
-        st_tar
-    done
-    st_time 100 && st_ups "$x" r2 4096
+    s25r2 "$x" 2
     echo "done at ${SECONDS} s"
     st_tar
 }
