@@ -147,7 +147,10 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
     // First the freed memory, then the allowances beyond it; the step with
     // the planned units, and how many they are.
     let mut planned = (now, 0);
-    for extra in [0, plan.vram.reserve + plan.vram.stream_overhead] {
+    for (pass, extra) in [0, plan.vram.reserve + plan.vram.stream_overhead]
+        .into_iter()
+        .enumerate()
+    {
         room += extra;
         loop {
             // The unit that saves the most decode time per byte and fits.
@@ -184,7 +187,7 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
                 bytes,
             });
         }
-        if extra == 0 {
+        if pass == 0 {
             planned = (now, chosen.len());
         }
     }
