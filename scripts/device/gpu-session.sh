@@ -5109,6 +5109,12 @@ s25variants() {
         [[ -f $RES/$x-$name-1.out ]] && s24text "$x-$name-1"
     done
 }
+# s25prep WHL: zprep_r1 with WHL's own CPU module, and the call's time
+# limit (ST_LIMIT, 585 s unless set)
+s25prep() {
+    export ST_LIMIT=${ST_LIMIT:-585}
+    zprep_r1 "$1" own
+}
 # s25r2 PREFIX N: R2 written, at 4 GiB N times, then upstream's R2 rows,
 # each while time allows
 s25r2() {
@@ -5129,9 +5135,8 @@ s25r2() {
 # interleaved, the texts compared; R1 at the tuner's choice, on and off;
 # upstream's R1 rows.
 s25a() {
-    zprep_r1 .whl/s25a own
-    local ST_LIMIT=${ST_LIMIT:-585} r x=$1
-    export ST_LIMIT
+    s25prep .whl/s25a
+    local r x=$1
     s23plans dw05=0.05:down-whole dw10=0.10:down-whole
     s25variants "$x" 3 on05:dw05 off05:dw05:GGML_SCHED_CPU_PREFETCH=0 on10:dw10 off10:dw10:GGML_SCHED_CPU_PREFETCH=0
     for r in 1 2; do
@@ -5151,9 +5156,8 @@ s25a() {
 # off; upstream's R1 rows; R2 at 4 GiB and upstream's R2 rows while time
 # allows.
 s25b() {
-    zprep_r1 .whl/s25b own
-    local ST_LIMIT=${ST_LIMIT:-585} r x=$1
-    export ST_LIMIT
+    s25prep .whl/s25b
+    local r x=$1
     s23plans dw05=0.05:down-whole
     s25variants "$x" 3 all:dw05 first:dw05:GGML_CPU_PREFETCH_REST=0 off:dw05:GGML_SCHED_CPU_PREFETCH=0
     for r in 1 2 3; do
@@ -5174,9 +5178,8 @@ s25b() {
 # to its planned units (the tier as before), interleaved; R1 at the
 # tuner's choice while time allows; upstream's R1 rows.
 s25c() {
-    zprep_r1 .whl/s25c own
-    local ST_LIMIT=${ST_LIMIT:-585} r x=$1
-    export ST_LIMIT
+    s25prep .whl/s25c
+    local r x=$1
     s23plans dw05=0.05:down-whole
     python3 -c "
 import json, sys
@@ -5201,9 +5204,8 @@ json.dump(p, open(sys.argv[2], 'w'))" "$W/p-dw05.json" "$W/p-dw05cut.json"
 # measured allows): R1 at the tuner's choice five times, upstream's R1
 # rows, R2 at 4 GiB twice, upstream's R2 rows, each while time allows.
 s25d() {
-    zprep_r1 .whl/s25d own
-    local ST_LIMIT=${ST_LIMIT:-585} r x=$1
-    export ST_LIMIT
+    s25prep .whl/s25d
+    local r x=$1
     $P plan -m "$W/r1.gguf" --vram-budget 2GiB -c 4352 -t 16 --profile "$RES/profile.yaml" > "$RES/plan-r1.txt"
     for r in 1 2 3 4 5; do
         st_time 50 && s20r1 "$x-r1-$r" -
@@ -5219,9 +5221,8 @@ s25d() {
 # tuner's choice four times, twice more without the reads ahead
 # (GGML_SCHED_CPU_PREFETCH=0), interleaved; upstream's R1 rows.
 s25e() {
-    zprep_r1 .whl/s25d own
-    local ST_LIMIT=${ST_LIMIT:-585} r x=$1
-    export ST_LIMIT
+    s25prep .whl/s25d
+    local r x=$1
     for r in 1 2; do
         st_time 50 && s20r1 "$x-r1-$r" -
         st_time 50 && GGML_SCHED_CPU_PREFETCH=0 s20r1 "$x-r1-off-$r" -
