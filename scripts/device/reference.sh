@@ -59,7 +59,7 @@ CTX=4352
 
 (( $# )) || { sed -n '2,40p' "$0"; exit 2; }
 [[ -x $PS ]] || { echo "reference: no $PS; run scripts/device/pack.sh on the dev machine and carry dist/" >&2; exit 1; }
-mkdir -p "$WORK" "$RAW"
+mkdir -p "$WORK" "$RAW" ${OUT:+"$OUT"}
 export LD_LIBRARY_PATH=$DIST/lib
 log() { echo "[$(date -u +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$RAW/harness.log"; }
 
@@ -137,7 +137,7 @@ upstream_peak() { # NAME ARGS...
     local smi=$!
     LD_LIBRARY_PATH=$DIST/upstream/bin timeout 300 "$UP" "$@" -r 1 -o json > /dev/null 2>> "$RAW/$name.warmup.log" || true
     kill $smi 2>/dev/null; wait $smi 2>/dev/null || true
-    awk -F', ' '{ if ($2 > m) m = $2 } END { print (m + 0) * 1048576 }' "$RAW/$name.smi"
+    awk -F', ' '{ if ($2 > m) m = $2 } END { printf "%.0f\n", (m + 0) * 1048576 }' "$RAW/$name.smi"
 }
 
 upstream_run() { # NAME ARGS...
@@ -169,7 +169,15 @@ run_case() { # CASE QUANT PROFILE
     done
     local psargs=(bench -m "$m" --vram-budget "${b}MiB" --policies pipeshard -p "$PROMPT" -n "$GEN" -r 1
         -t "$THREADS" --tg --profile "$prof")
-    local ttft_args=(-ngl 99 -fa 1 -t "$THREADS" -p "$PROMPT" -n 0 -b "$PROMPT" -ub "512,1024,2048,4096" -m "$m")
+    # Upstream's full-GPU TTFT at its best ubatch, chosen in an untimed sweep.
+    local ub
+    echo "$c-$q-upstream-full-ubatch: llama-bench -ngl 99 -fa 1 -t $THREADS -p $PROMPT -n 0 -b $PROMPT -ub 512,1024,2048,4096 -m $m -r 1 -o json" >> "$RAW/commands.txt"
+    LD_LIBRARY_PATH=$DIST/upstream/bin timeout 300 "$UP" -ngl 99 -fa 1 -t "$THREADS" -p "$PROMPT" -n 0 -b "$PROMPT" \
+        -ub "512,1024,2048,4096" -m "$m" -r 1 -o json > "$RAW/$c-$q-upstream-full-ubatch.json" 2>> "$RAW/$c-$q-upstream-full-ubatch.log" || true
+    ub=$(python3 -c 'import json, sys; t = json.load(open(sys.argv[1])); print(min(t, key=lambda x: x["avg_ns"])["n_ubatch"])' \
+        "$RAW/$c-$q-upstream-full-ubatch.json" 2> /dev/null || echo 512)
+    log "$c $q upstream-full: best ubatch $ub"
+    local ttft_args=(-ngl 99 -fa 1 -t "$THREADS" -p "$PROMPT" -n 0 -b "$PROMPT" -ub "$ub" -m "$m")
     for ((r = 1; r <= REPS; r++)); do
         record "$c-$q-pipeshard-$r" "$PS" "${psargs[@]}" -o "$WORK/bench-$c-$q-$r" \
             && cp "$WORK/bench-$c-$q-$r/bench.json" "$RAW/$c-$q-pipeshard-$r.json"
@@ -195,7 +203,8 @@ PY
         log "$c $q upstream rep $r done"
     done
     local host; host=$(host_line)
-    local common=(--summary "$SUMMARY" --call "$CALL" --case "$c" --host "$host" --entry bench)
+    local common=(--summary "$SUMMARY" --call "$CALL" --case "$c" --host "$host" --entry bench
+        --model "$(case_arch "$c")" --quant "${q^^}")
     rows() { # SYSTEM BUDGET_MIB|- PEAK|- ARGS-FOR-COMMAND FILES...
         local sys=$1 bud=$2 pk=$3 cmd=$4; shift 4
         local files=() f
@@ -219,8 +228,9 @@ PY
 save() {
     "$PS" results render --summary "$SUMMARY" -o bench/results/SUMMARY.md || log "render failed"
     [[ -n ${OUT:-} ]] || return 0
-    cp "$SUMMARY" bench/results/SUMMARY.md "$OUT/" 2>/dev/null || true
-    tar -czf "$OUT/raw-$CALL.tgz" -C bench/results/raw "$CALL"
+    mkdir -p "$OUT"
+    cp "$SUMMARY" bench/results/SUMMARY.md "$OUT/" || true
+    tar -czf "$OUT/raw-$CALL.tgz" -C bench/results/raw "$CALL" || true
 }
 
 log "call $CALL on $(host_line)"
