@@ -102,7 +102,38 @@ fn run() -> Result<()> {
     println!("cargo:rustc-env=PIPESHARD_BUILD_LIB_DIR={}", lib_dir.display());
 
     generate_bindings(&root, &src, &out_dir)?;
+    emit_commit(&root);
     Ok(())
+}
+
+/// The commit being built, for the rows `pipeshard bench` writes
+/// (`PIPESHARD_COMMIT`): `git rev-parse` where the tree is a checkout, else
+/// `unknown`. Changes not committed are not marked: the build script runs
+/// again when HEAD moves, not on every edit.
+fn emit_commit(root: &Path) {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".to_string());
+    let mut watched = vec!["HEAD".to_string(), "packed-refs".to_string()];
+    watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+    for f in watched {
+        // A path that does not exist would run the script on every build.
+        if let Some(p) = git(&["rev-parse", "--git-path", &f])
+            .map(|p| root.join(p))
+            .filter(|p| p.exists())
+        {
+            println!("cargo:rerun-if-changed={}", p.display());
+        }
+    }
+    println!("cargo:rustc-env=PIPESHARD_COMMIT={commit}");
 }
 
 /// Patches are applied in file-name order.

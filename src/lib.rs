@@ -13,6 +13,7 @@
 //!   and the process's budget check after loading;
 //! - [`generate`]: prompt processing, sampling and streaming on an engine context;
 //! - [`bench`]: side-by-side runs of pipeshard and upstream placement policies;
+//! - [`results`]: the results summary's rows, made from benchmark outputs and rendered;
 //! - [`server_hook`]: llama.cpp's own server with pipeshard's plan installed at load;
 //! - [`default_model`]: the default model, fetched from PyPI on first use.
 
@@ -27,5 +28,6 @@ pub mod logging;
 pub mod plan;
 pub mod profile;
 pub mod progress;
+pub mod results;
 pub mod server_hook;
 pub mod synth;

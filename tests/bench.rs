@@ -190,6 +190,74 @@ fn bench_cli_writes_well_formed_reports() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// bench.json holds what a row of the results summary needs: the tg figure
+/// at the depth (median of the repetitions), the quantization, the ubatch
+/// and the invocation's model, workload, flags, command, commit and host.
+#[test]
+fn bench_json_holds_what_a_summary_row_needs() {
+    let dir = common::scratch_dir("bench-row-fields");
+    let model = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", Quant::Q4_0);
+    let out_dir = dir.join("out");
+    let model_arg = model.to_str().unwrap();
+    let out_arg = out_dir.to_str().unwrap();
+    let out = pipeshard(
+        &[
+            "bench",
+            "-m",
+            model_arg,
+            "--policies",
+            "ngl",
+            "-p",
+            "48",
+            "-n",
+            "6",
+            "-r",
+            "3",
+            "--ub",
+            "16",
+            "-t",
+            "2",
+            "--tg",
+            "--vram-budget",
+            "1GiB",
+            "-o",
+            out_arg,
+        ],
+        &dir,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "bench failed:\n{stderr}");
+    let rows = check_reports(&out_dir);
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    let r = &rows[0];
+    let tg = r["tg_tok_s"].as_f64().unwrap_or_else(|| panic!("no tg_tok_s in {r}"));
+    assert!(tg.is_finite() && tg > 0.0, "{r}");
+    assert_eq!(r["repetitions"].as_u64(), Some(3), "{r}");
+    assert_eq!(r["quant"].as_str(), Some("Q4_0"), "{r}");
+    assert_eq!(r["ubatch"].as_u64(), Some(16), "{r}");
+    let run = &r["run"];
+    assert_eq!(run["model"].as_str(), Some("tiny-llama3.1-8b"), "{r}");
+    assert!(run["routing"].is_null(), "{r}");
+    assert_eq!(run["threads"].as_i64(), Some(2), "{r}");
+    assert_eq!(run["prompt_tokens"].as_u64(), Some(48), "{r}");
+    assert_eq!(run["gen_tokens"].as_u64(), Some(6), "{r}");
+    assert_eq!(run["depth"].as_u64(), Some(48), "{r}");
+    let flags = run["flags"].as_str().unwrap();
+    assert!(flags.contains("--tg") && flags.contains("-r 3"), "{flags}");
+    assert!(!flags.contains(model_arg) && !flags.contains(out_arg), "{flags}");
+    assert!(!flags.contains("-m ") && !flags.contains("-o "), "{flags}");
+    let command = run["command"].as_str().unwrap();
+    assert!(command.contains(model_arg) && command.contains(" bench "), "{command}");
+    let commit = run["commit"].as_str().unwrap();
+    assert!(
+        commit == "unknown" || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())),
+        "{commit}"
+    );
+    assert!(!run["host"].as_str().unwrap().is_empty(), "{r}");
+    assert!(stderr.contains("(median of 3)"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// On a CPU-only machine the pipeshard policy fails per row (no GPU
 /// profile), the upstream policy still runs, and bench exits normally.
 #[test]
@@ -278,6 +346,8 @@ fn result(policy: Policy, budget: u64, ttfts: &[f64], decodes: &[f64], peak_vram
         policy,
         budget,
         setting: format!("{policy:?} setting"),
+        ubatch: 512,
+        quant: Some("Q4_0".into()),
         load_s: 0.1,
         samples: ttfts
             .iter()

@@ -8,7 +8,8 @@
 pub mod lossless;
 mod report;
 
-pub use report::{write_reports, BenchRow};
+pub(crate) use report::median;
+pub use report::{write_reports, BenchRow, RunInfo};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -120,6 +121,13 @@ pub struct PolicyResult {
     pub budget: u64,
     /// Placement summary, e.g. "ngl 12" or the plan's resident bytes.
     pub setting: String,
+    /// The ubatch the run's context used (the plan's for pipeshard).
+    #[serde(default)]
+    pub ubatch: u32,
+    /// The weights' quantization as llama.cpp names the loaded model's file
+    /// type, in the summary's spelling (`Q4_0`, `Q4_K_M`, ...).
+    #[serde(default)]
+    pub quant: Option<String>,
     pub load_s: f64,
     pub samples: Vec<Sample>,
     /// Peak device memory of the process during the run (sampled; NVML's
@@ -327,7 +335,9 @@ pub fn run_policy(
     let sampler = engine::MemorySampler::start(gpu_index);
     let t_load = Instant::now();
     let model = Arc::new(Model::load(path, mp)?);
+    let quant = crate::results::quant_from_description(&model.description());
     step("model");
+    let ubatch = ctx_params.n_ubatch;
     let mut ctx = Context::new(&model, ctx_params)?;
     step("context");
     let load_s = t_load.elapsed().as_secs_f64();
@@ -485,6 +495,8 @@ pub fn run_policy(
         policy,
         budget,
         setting,
+        ubatch,
+        quant,
         load_s,
         samples,
         peak_vram: peaks.device,

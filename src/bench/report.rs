@@ -8,12 +8,47 @@ use serde::{Deserialize, Serialize};
 use super::{Policy, PolicyResult};
 use crate::plan::fmt_bytes;
 
+/// What one `pipeshard bench` invocation measured with: the same for all
+/// of its rows, written into each so that a row reads alone.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// The synth preset's name, else the GGUF's `general.name`, else its
+    /// architecture.
+    pub model: String,
+    /// The MoE routing point (`calibrated`, `synthetic`, `uniform`); null
+    /// for dense models and until the benchmark router exists.
+    pub routing: Option<String>,
+    pub threads: i32,
+    pub prompt_tokens: u32,
+    pub gen_tokens: u32,
+    /// The depth decode runs at (the prompt's length).
+    pub depth: u32,
+    /// The options given beyond the model and the output directory, and the
+    /// environment variables of ggml, llama.cpp and pipeshard that were set.
+    pub flags: String,
+    /// The whole command line.
+    pub command: String,
+    /// pipeshard's commit at build time (`unknown` outside a git checkout).
+    pub commit: String,
+    /// The devices, as llama.cpp describes them.
+    pub host: String,
+}
+
 /// One row of the summary: medians and spread of a policy at a budget.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchRow {
     pub policy: Policy,
     pub budget: u64,
     pub setting: String,
+    /// The ubatch of the run's context (the plan's for pipeshard).
+    #[serde(default)]
+    pub ubatch: u32,
+    /// The weights' quantization (`Q4_0`, `Q4_K_M`, ...).
+    #[serde(default)]
+    pub quant: Option<String>,
+    /// Repetitions behind the medians.
+    #[serde(default)]
+    pub repetitions: u32,
     #[serde(deserialize_with = "nan_if_null")]
     pub ttft_s: f64,
     #[serde(deserialize_with = "nan_if_null")]
@@ -26,6 +61,10 @@ pub struct BenchRow {
     pub decode_min: f64,
     #[serde(deserialize_with = "nan_if_null")]
     pub decode_max: f64,
+    /// With `--tg`: decode as llama-bench's tg at the prompt's depth, the
+    /// median of the repetitions (the summary's `decode_tok_s`).
+    #[serde(default)]
+    pub tg_tok_s: Option<f64>,
     pub peak_vram: u64,
     /// How `peak_vram` was measured (NVML's process figure where available).
     #[serde(default)]
@@ -41,6 +80,9 @@ pub struct BenchRow {
     pub predicted_ttft_s: Option<f64>,
     pub predicted_decode_tok_s: Option<f64>,
     pub error: Option<String>,
+    /// The invocation's workload and settings.
+    #[serde(default)]
+    pub run: Option<RunInfo>,
 }
 
 /// Failed rows carry NaN timings, which JSON writes as null; read them back as NaN.
@@ -48,7 +90,7 @@ fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> 
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
@@ -66,16 +108,21 @@ impl BenchRow {
     pub fn from_result(r: &PolicyResult) -> BenchRow {
         let t: Vec<f64> = r.samples.iter().map(|s| s.ttft_s).collect();
         let d: Vec<f64> = r.samples.iter().map(|s| s.decode_tok_s).collect();
+        let tg: Vec<f64> = r.samples.iter().filter_map(|s| s.tg_tok_s).collect();
         BenchRow {
             policy: r.policy,
             budget: r.budget,
             setting: r.setting.clone(),
+            ubatch: r.ubatch,
+            quant: r.quant.clone(),
+            repetitions: r.samples.len() as u32,
             ttft_s: median(t.clone()),
             ttft_min_s: t.iter().cloned().fold(f64::INFINITY, f64::min),
             ttft_max_s: t.iter().cloned().fold(0.0, f64::max),
             decode_tok_s: median(d.clone()),
             decode_min: d.iter().cloned().fold(f64::INFINITY, f64::min),
             decode_max: d.iter().cloned().fold(0.0, f64::max),
+            tg_tok_s: (!tg.is_empty()).then(|| median(tg)),
             peak_vram: r.peak_vram,
             peak_source: r.peak_source,
             llama_device_bytes: r.llama_device_bytes,
@@ -85,6 +132,7 @@ impl BenchRow {
             predicted_ttft_s: r.predicted.map(|p| p.ttft_s),
             predicted_decode_tok_s: r.predicted.map(|p| p.decode_tok_s),
             error: None,
+            run: None,
         }
     }
 
@@ -94,12 +142,16 @@ impl BenchRow {
             policy,
             budget,
             setting: String::new(),
+            ubatch: 0,
+            quant: None,
+            repetitions: 0,
             ttft_s: f64::NAN,
             ttft_min_s: f64::NAN,
             ttft_max_s: f64::NAN,
             decode_tok_s: f64::NAN,
             decode_min: f64::NAN,
             decode_max: f64::NAN,
+            tg_tok_s: None,
             peak_vram: 0,
             peak_source: None,
             llama_device_bytes: 0,
@@ -109,6 +161,7 @@ impl BenchRow {
             predicted_ttft_s: None,
             predicted_decode_tok_s: None,
             error: Some(error),
+            run: None,
         }
     }
 

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
-use pipeshard::bench::{self, BenchConfig, BenchRow, Policy};
+use pipeshard::bench::{self, BenchConfig, BenchRow, Policy, RunInfo};
 use pipeshard::engine::{self, FlashAttention};
 use pipeshard::plan;
 
@@ -101,6 +101,24 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
         host_argmax: args.host_argmax,
         tg: args.tg,
     };
+    let machine = engine::list_devices()
+        .iter()
+        .map(|d| d.description.clone())
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let argv: Vec<String> = std::env::args().collect();
+    let run = RunInfo {
+        model: model_name(&info),
+        routing: None,
+        threads,
+        prompt_tokens: args.prompt,
+        gen_tokens: args.gen,
+        depth: args.prompt,
+        flags: flags(&argv),
+        command: argv.join(" "),
+        commit: env!("PIPESHARD_COMMIT").to_string(),
+        host: machine.clone(),
+    };
     let mut rows = Vec::new();
     for &b in &budgets {
         for &p in &args.policies {
@@ -111,7 +129,10 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
             );
             match bench::run_policy(&args.model, &info, p, b, &cfg) {
                 Ok(r) => {
-                    let row = BenchRow::from_result(&r);
+                    let row = BenchRow {
+                        run: Some(run.clone()),
+                        ..BenchRow::from_result(&r)
+                    };
                     eprintln!(
                         "  {}: TTFT {:.3} s, decode {:.1} tok/s, peak VRAM {}{}",
                         row.setting,
@@ -120,14 +141,10 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
                         plan::fmt_bytes(row.peak_vram),
                         if row.over_budget { " (OVER BUDGET)" } else { "" }
                     );
-                    let tg: Vec<f64> = r.samples.iter().filter_map(|s| s.tg_tok_s).collect();
-                    if !tg.is_empty() {
+                    if let Some(tg) = row.tg_tok_s {
                         eprintln!(
-                            "  tg{} @ d{} as llama-bench measures it: {:.1} tok/s (mean of {})",
-                            args.gen,
-                            args.prompt,
-                            tg.iter().sum::<f64>() / tg.len() as f64,
-                            tg.len()
+                            "  tg{} @ d{} as llama-bench measures it: {tg:.1} tok/s (median of {})",
+                            args.gen, args.prompt, row.repetitions
                         );
                     }
                     if !row.memory_steps.is_empty() {
@@ -146,17 +163,14 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
                 }
                 Err(e) => {
                     eprintln!("  failed: {e}");
-                    rows.push(BenchRow::failed(p, b, e.to_string()));
+                    rows.push(BenchRow {
+                        run: Some(run.clone()),
+                        ..BenchRow::failed(p, b, e.to_string())
+                    });
                 }
             }
         }
     }
-    let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let machine = engine::list_devices()
-        .iter()
-        .map(|d| d.description.clone())
-        .collect::<Vec<_>>()
-        .join(" + ");
     let title = format!(
         "{} ({}), prompt {} + {} generated",
         info.name.clone().unwrap_or(info.architecture.clone()),
@@ -164,7 +178,41 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
         args.prompt,
         args.gen
     );
-    bench::write_reports(&args.out, &title, &command, &machine, &rows)?;
+    bench::write_reports(&args.out, &title, &run.command, &machine, &rows)?;
     eprintln!("reports written to {}", args.out.display());
     Ok(())
+}
+
+/// The model's name in the summary: a synth preset's own name, else
+/// `general.name`, else the architecture.
+fn model_name(info: &pipeshard::gguf::ModelInfo) -> String {
+    match &info.name {
+        Some(n) => n.strip_prefix(pipeshard::synth::NAME_PREFIX).unwrap_or(n).to_string(),
+        None => info.architecture.clone(),
+    }
+}
+
+/// Environment variables that change what ggml, llama.cpp or pipeshard do.
+const FLAG_ENV_PREFIXES: &[&str] = &["GGML_", "LLAMA_", "PIPESHARD_", "CUDA_", "OMP_"];
+
+/// The options after `bench` except the model and the output directory,
+/// after the environment variables of [`FLAG_ENV_PREFIXES`] that are set.
+fn flags(args: &[String]) -> String {
+    let mut out: Vec<String> = std::env::vars()
+        .filter(|(k, _)| FLAG_ENV_PREFIXES.iter().any(|p| k.starts_with(p)) && k != "PIPESHARD_TEST_PYTHONPATH")
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    out.sort();
+    let mut it = args.iter().skip_while(|a| *a != "bench").skip(1);
+    while let Some(a) = it.next() {
+        let name = a.split('=').next().unwrap_or(a);
+        if ["-m", "--model", "-o", "--out"].contains(&name) {
+            if !a.contains('=') {
+                it.next();
+            }
+            continue;
+        }
+        out.push(a.clone());
+    }
+    out.join(" ")
 }

@@ -5,6 +5,7 @@ mod fuzz;
 mod fuzz_http;
 mod lossless;
 mod plan;
+mod results;
 mod run;
 mod serve;
 mod synth;
@@ -57,6 +58,8 @@ enum Command {
     FuzzHttp(fuzz_http::FuzzHttpArgs),
     /// Compare greedy generation under a plan with the full-GPU placement (tokens, max |logit diff|).
     Lossless(lossless::LosslessArgs),
+    /// The results summary (bench/results/summary.json): add a row, render SUMMARY.md.
+    Results(results::ResultsArgs),
 }
 
 /// llama.cpp's multi-letter short flags, spelled as our long ones.
@@ -108,6 +111,7 @@ pub fn main() -> ExitCode {
         Command::Lossless(args) => lossless::lossless_cmd(&cli.global, args),
         Command::FuzzGguf(args) => fuzz::fuzz_cmd(&cli.global, args),
         Command::FuzzHttp(args) => fuzz_http::fuzz_http_cmd(&cli.global, args),
+        Command::Results(args) => results::results_cmd(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -32,6 +32,9 @@ pub use presets::{by_name, ArchPreset, TensorSpec, UnknownPreset, VisionPreset};
 pub use quantize::{Init, MixContext, Quant};
 pub use tokenizer::TokenizerError;
 
+/// What `general.name` of a synthetic model starts with, before the preset's name.
+pub const NAME_PREFIX: &str = "pipeshard synthetic ";
+
 use rng::WyRand;
 
 /// Target size of one generated chunk.

@@ -537,7 +537,7 @@ impl ArchPreset {
             ("general.type".into(), "model".into()),
             (
                 "general.name".into(),
-                format!("pipeshard synthetic {}", self.name).into(),
+                format!("{}{}", super::NAME_PREFIX, self.name).into(),
             ),
             (k("block_count"), self.n_layer.into()),
             (k("context_length"), self.n_ctx_train.into()),
@@ -621,7 +621,7 @@ impl VisionPreset {
             ("general.type".into(), "mmproj".into()),
             (
                 "general.name".into(),
-                format!("pipeshard synthetic {model_name} mmproj").into(),
+                format!("{}{model_name} mmproj", super::NAME_PREFIX).into(),
             ),
             ("clip.projector_type".into(), "qwen2.5vl_merger".into()),
             ("clip.has_vision_encoder".into(), true.into()),
