@@ -86,7 +86,7 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
     );
     if args.policies.iter().any(|p| p.is_pipeshard()) {
         // Measured now (with a progress bar) if this machine has none yet.
-        if let Err(e) = resolve_profile(&args.options, threads) {
+        if let Err(e) = resolve_profile(&args.options, threads, &info) {
             eprintln!("bench: no profile for pipeshard's plan ({e:#}); its rows will fail");
         }
     }
