@@ -279,3 +279,44 @@ fn plan_with_a_draft_shows_the_verification_tier_or_drops_the_draft() {
     let never = plan(&["--draft-acceptance", "0"]);
     assert!(!never.contains("speculative decoding"), "{never}");
 }
+
+#[test]
+fn zero_sizes_fail_cleanly_in_bench_and_plan() {
+    let dir = common::scratch_dir("cli-zero-sizes");
+    let model = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", pipeshard::synth::Quant::Q4_K_M);
+    let m = model.to_str().unwrap();
+    let out_dir = dir.join("bench-out");
+    let bench = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "-m",
+            m,
+            "-n",
+            "2",
+            "-r",
+            "1",
+            "--vram-budget",
+            "1GiB",
+            "-o",
+            out_dir.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        pipeshard(&args)
+    };
+    assert_clean_failure(&bench(&["-p", "0"]), "--n-prompt");
+    assert_clean_failure(&bench(&["-p", "8", "--ubatch-size", "0"]), "--ubatch-size");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpu-machine-profile.yaml");
+    let plan = pipeshard(&[
+        "plan",
+        "-m",
+        m,
+        "--vram-budget",
+        "1GiB",
+        "--profile",
+        fixture.to_str().unwrap(),
+        "--ubatch-size",
+        "0",
+    ]);
+    assert_clean_failure(&plan, "ubatch size must be positive");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -238,3 +238,45 @@ fn profile_rejects_an_unknown_mode() {
     assert!(!dir.join("p.yaml").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_models_expert_types_are_measured_once() {
+    // A tiny profile of this machine (CPU only here) has Q4_0 expert
+    // samples; a Q4_K_M and an MXFP4 MoE model need their own types'.
+    let mut p = profile::measure(ProfileMode::Tiny, 2, |_, _| {}).unwrap();
+    let q4 = |p: &MachineProfile, ty: &str| {
+        p.matmul
+            .iter()
+            .filter(|s| s.device == Device::Cpu && s.experts.is_some() && s.ty == ty)
+            .count()
+    };
+    assert!(q4(&p, "q4_0") > 0);
+    for (quant, types) in [
+        // The tiny experts' rows of 128 take upstream's fallbacks for
+        // Q4_K and Q6_K (Q5_0, Q8_0).
+        (Quant::Q4_K_M, &[GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K][..]),
+        (Quant::MXFP4, &[GgmlType::MXFP4][..]),
+    ] {
+        let info = pipeshard::synth::model_info("tiny-qwen3-30b-a3b", quant).unwrap();
+        let used = profile::TypesUsed::of(&info);
+        assert_eq!(used.experts, types, "{quant}");
+        let missing = profile::Missing::of(&p, &used);
+        let want: Vec<(Device, GgmlType)> = types.iter().map(|&t| (Device::Cpu, t)).collect();
+        assert_eq!(missing.experts, want, "{quant}");
+        assert!(missing.beside_copies.is_empty(), "no GPU, no copies to run beside");
+        let mut steps = Vec::new();
+        profile::measure_missing(&mut p, &missing, 2, |done, total| steps.push((done, total))).unwrap();
+        let total = profile::missing_steps(&p, &missing);
+        assert_eq!(
+            steps.last(),
+            Some(&(total, total)),
+            "{quant}: the progress reaches its total"
+        );
+        for t in types {
+            assert!(q4(&p, t.name()) > 0, "{quant}: no {t} expert samples");
+            let s = p.expert_seconds(Device::Cpu, *t, 512, 256, (16, 4), 1);
+            assert!(s.is_finite() && s > 0.0, "{quant}: {t} {s}");
+        }
+        assert!(profile::Missing::of(&p, &used).is_empty(), "{quant}: measured twice");
+    }
+}

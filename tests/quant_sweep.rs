@@ -100,6 +100,18 @@ fn sweep_one(dir: &Path, preset: &str, quant: Quant) {
     }
     let p = plan(&["-m", m], &budget, "512", &what);
     assert!(p.vram.total <= p.vram.budget, "{what}: {:?}", p.vram);
+    // The plan's decode split, where it has one, searched as `bench` and
+    // `run` search it on the GPU, with recorded step times.
+    let n_expert_used = presets::by_name(preset).unwrap().n_expert_used;
+    if let Some(knob) = SplitKnob::of(&p, n_expert_used, false) {
+        let mut probe = Recorded {
+            in_force: knob.planned(),
+            ms: any_split,
+        };
+        let t = search_split(knob, &mut probe).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(probe.in_force, t.chosen, "{what}");
+        assert_eq!(t.planned, knob.planned(), "{what}");
+    }
     assert!(
         p.tensors.iter().any(|t| !t.resident),
         "{what}: every weight fits {budget}"
@@ -195,6 +207,16 @@ fn r1_h200(x: SplitSetting) -> f64 {
         SplitSetting::Rows(f) => 31.5 + 40.0 * (f - 0.18).abs(),
         SplitSetting::RowsDownWhole(s) => 28.56 + 37.0 * (s - 0.05).abs(),
         SplitSetting::Experts(_) => unreachable!("a dense model"),
+    }
+}
+
+/// Step times (ms) for any knob: fastest at 2 GPU experts, at 30% of
+/// every weight's rows, and at 10% of up's and gate's with ffn_down whole.
+fn any_split(x: SplitSetting) -> f64 {
+    match x {
+        SplitSetting::Experts(k) => 20.0 + (k as f64 - 2.0).abs(),
+        SplitSetting::Rows(f) => 31.0 + 40.0 * (f - 0.30).abs(),
+        SplitSetting::RowsDownWhole(s) => 30.0 + 40.0 * (s - 0.10).abs(),
     }
 }
 

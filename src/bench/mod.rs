@@ -349,7 +349,7 @@ pub fn run_policy(
         s ^= s << 13;
         s ^= s >> 7;
         s ^= s << 17;
-        (s % (n_vocab as u64 - 1)) as Token
+        (s % (n_vocab.max(2) as u64 - 1)) as Token
     };
     let prompt: Vec<Token> = (0..cfg.prompt_tokens).map(|_| rand_token()).collect();
     // Warm-up as llama-bench's: the whole prompt, then one decode step

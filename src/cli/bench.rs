@@ -64,6 +64,8 @@ pub struct BenchArgs {
 }
 
 pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
+    anyhow::ensure!(args.prompt > 0, "-p/--n-prompt must be at least 1 (the timed prompt)");
+    anyhow::ensure!(args.ubatch > 0, "--ubatch-size must be at least 1");
     let (_, info) =
         pipeshard::gguf::inspect(&args.model).with_context(|| format!("reading {}", args.model.display()))?;
     engine::init(global.backend_dir.as_deref())?;
@@ -84,7 +86,7 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
     );
     if args.policies.iter().any(|p| p.is_pipeshard()) {
         // Measured now (with a progress bar) if this machine has none yet.
-        if let Err(e) = resolve_profile(&args.options, threads) {
+        if let Err(e) = resolve_profile(&args.options, threads, &info) {
             eprintln!("bench: no profile for pipeshard's plan ({e:#}); its rows will fail");
         }
     }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result};
 
 use pipeshard::engine;
+use pipeshard::gguf::ModelInfo;
 use pipeshard::launch::{self, PipeshardOptions};
 use pipeshard::plan::{self, Format, Workload};
 use pipeshard::profile::{self, MachineProfile, ProfileMode};
@@ -102,10 +103,12 @@ impl DraftArgs {
 }
 
 /// Load the profile named on the command line, or the one matching this
-/// machine, measuring it (fast mode, with a progress bar) when none exists.
-pub fn resolve_profile(args: &PipeshardOptions, threads: i32) -> Result<MachineProfile> {
+/// machine, measuring it (fast mode, with a progress bar) when none exists,
+/// and the samples of `info`'s types it lacks.
+pub fn resolve_profile(args: &PipeshardOptions, threads: i32, info: &ModelInfo) -> Result<MachineProfile> {
     let bar = progress::steps_bar(1, "profiling");
-    let p = launch::machine_profile(args.profile.as_deref(), threads, |done, total| {
+    let used = profile::TypesUsed::of(info);
+    let p = launch::machine_profile(args.profile.as_deref(), threads, &used, |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     });
@@ -216,7 +219,7 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
     engine::init(global.backend_dir.as_deref())?;
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     let budget = args.budget.budget_bytes()?.context("--vram-budget is required")?;
-    let profile = resolve_profile(&args.budget, threads)?;
+    let profile = resolve_profile(&args.budget, threads, &info)?;
     // The context the plan is for, as `run` would make it.
     let cp = engine::ContextParams {
         n_ctx: args.ctx_size.min(u32::MAX as u64) as u32,
@@ -261,12 +264,34 @@ pub struct ProfileArgs {
     pub output: Option<PathBuf>,
     #[arg(short = 't', long = "threads")]
     pub threads: Option<i32>,
+    /// Also measure the expert and beside-copies samples of this model's
+    /// weight types (plan, run, bench and the server do so on a model's
+    /// first use otherwise).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
 }
 
 pub fn profile_cmd(global: &GlobalArgs, args: ProfileArgs) -> Result<()> {
+    let info = match &args.model {
+        Some(m) => Some(
+            pipeshard::gguf::inspect(m)
+                .with_context(|| format!("reading {}", m.display()))?
+                .1,
+        ),
+        None => None,
+    };
     engine::init(global.backend_dir.as_deref())?;
     let threads = args.threads.unwrap_or_else(engine::default_threads);
-    let p = measure_with_bar(args.mode, threads)?;
+    let mut p = measure_with_bar(args.mode, threads)?;
+    if let Some(info) = &info {
+        let missing = profile::Missing::of(&p, &profile::TypesUsed::of(info));
+        let bar = progress::steps_bar(1, "profiling the model's types");
+        profile::measure_missing(&mut p, &missing, threads, |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        })?;
+        bar.finish_and_clear();
+    }
     let path = args
         .output
         .unwrap_or_else(|| profile::default_dir().join(p.key.file_name()));

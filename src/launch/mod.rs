@@ -35,7 +35,7 @@ use crate::engine::{self, ContextParams, FlashAttention, ModelParams};
 use crate::gguf::{GgmlType, ModelInfo};
 use crate::plan::apply::{apply, Applied, ApplyError};
 use crate::plan::{fmt_bytes, Plan, PlanError, PlanRequest, PolicySwitch, Workload};
-use crate::profile::{self, MachineProfile, ProfileError, ProfileKey, ProfileMode};
+use crate::profile::{self, MachineProfile, Missing, ProfileError, ProfileKey, ProfileMode, TypesUsed};
 
 /// Why a model cannot be launched as asked.
 #[derive(Debug, thiserror::Error)]
@@ -188,11 +188,15 @@ pub fn load_plan(path: &Path) -> Result<Plan, LaunchError> {
 
 /// The profile named by `explicit`, or the one in the profile directory
 /// matching this machine, measured (fast mode) and saved when missing.
+/// A matching or new profile without the expert and beside-copies samples
+/// of the types in `used` has them measured now and saved (a model's first
+/// use on this machine); a named profile (another machine's) is used as is.
 /// `progress` gets (done, total) steps while measuring.
 pub fn machine_profile(
     explicit: Option<&Path>,
     threads: i32,
-    progress: impl FnMut(u64, u64),
+    used: &TypesUsed,
+    mut progress: impl FnMut(u64, u64),
 ) -> Result<MachineProfile, LaunchError> {
     if let Some(p) = explicit {
         return Ok(MachineProfile::load(p)?);
@@ -202,15 +206,31 @@ pub fn machine_profile(
     }
     let dir = profile::default_dir();
     let key = ProfileKey::current(threads);
-    if let Some(p) = MachineProfile::load_matching(&dir, &key) {
-        tracing::info!("using the profile {}", dir.join(key.file_name()).display());
-        return Ok(p);
-    }
-    tracing::info!("no profile for this machine yet; measuring one (fast mode)");
-    let p = profile::measure(ProfileMode::Fast, threads, progress)?;
     let path = dir.join(key.file_name());
-    if let Err(e) = p.save(&path) {
-        tracing::warn!("could not save the profile to {}: {e}", path.display());
+    let (mut p, mut changed) = match MachineProfile::load_matching(&dir, &key) {
+        Some(p) => {
+            tracing::info!("using the profile {}", path.display());
+            (p, false)
+        }
+        None => {
+            tracing::info!("no profile for this machine yet; measuring one (fast mode)");
+            (profile::measure(ProfileMode::Fast, threads, &mut progress)?, true)
+        }
+    };
+    let missing = Missing::of(&p, used);
+    if !missing.is_empty() {
+        tracing::info!(
+            "measuring this model's types for the profile: experts {:?}, beside the link's copies {:?}",
+            missing.experts,
+            missing.beside_copies
+        );
+        profile::measure_missing(&mut p, &missing, threads, &mut progress)?;
+        changed = true;
+    }
+    if changed {
+        if let Err(e) = p.save(&path) {
+            tracing::warn!("could not save the profile to {}: {e}", path.display());
+        }
     }
     Ok(p)
 }
@@ -311,7 +331,7 @@ pub fn plan_for(
             path: req.model.to_path_buf(),
             source: Box::new(source),
         })?;
-        let profile = machine_profile(profile_path, req.threads, progress)?;
+        let profile = machine_profile(profile_path, req.threads, &TypesUsed::of(&info), progress)?;
         let (mut pr, overhead) = plan_request(req, &info, cp, budget, &profile);
         tracing::info!(
             "budget {}: {} of it outside llama.cpp's buffers (CUDA context {} {:?}, runtime {})",

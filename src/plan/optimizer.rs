@@ -80,6 +80,9 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             "n_ctx and the prompt length must be positive".into(),
         ));
     }
+    if req.ubatch == Some(0) {
+        return Err(PlanError::Invalid("the ubatch size must be positive".into()));
+    }
     if !profile.has_gpu() {
         return Err(PlanError::NoGpuProfile);
     }

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::{AttnSample, Device, MachineProfile, MatmulSample, ProfileError, ProfileKey};
+use super::{AttnSample, Device, MachineProfile, MatmulSample, Missing, ProfileError, ProfileKey};
 use crate::engine::opbench::{self, Backend};
 use crate::engine::{self, ffi, DeviceKind};
 use crate::gguf::GgmlType;
@@ -151,17 +151,24 @@ impl Sweep<'_> {
         Ok(())
     }
 
-    /// Q4_0 expert matmuls (MUL_MAT_ID) at each batch size; for single
-    /// tokens also with half the experts per token, which shows the op's
-    /// fixed cost (hybrid experts give each device part of a token's experts).
-    fn experts(&self, tokens: &[i64], out: &mut Vec<MatmulSample>, step: &mut dyn FnMut()) -> Result<(), ProfileError> {
+    /// Expert matmuls (MUL_MAT_ID) of type `ty` at each batch size; for
+    /// single tokens also with half the experts per token, which shows the
+    /// op's fixed cost (hybrid experts give each device part of a token's
+    /// experts).
+    fn experts(
+        &self,
+        ty: GgmlType,
+        tokens: &[i64],
+        out: &mut Vec<MatmulSample>,
+        step: &mut dyn FnMut(),
+    ) -> Result<(), ProfileError> {
         let (k, n, e, u) = self.plan.expert_shape;
         for &t in tokens {
             let used: &[i64] = if t == 1 && u > 1 { &[u, u / 2] } else { &[u] };
             for &u in used {
                 let seconds = opbench::time_mul_mat_id(
                     self.backend,
-                    GgmlType::Q4_0.id() as ffi::ggml_type,
+                    ty.id() as ffi::ggml_type,
                     k,
                     n,
                     (e, u),
@@ -170,7 +177,7 @@ impl Sweep<'_> {
                 )?;
                 out.push(MatmulSample {
                     device: self.device,
-                    ty: "q4_0".into(),
+                    ty: ty.name().into(),
                     k,
                     n,
                     tokens: t,
@@ -257,7 +264,7 @@ pub fn measure(
             backend: &cpu,
         };
         sweep.dense(plan.shape, &plan.cpu_tokens, &plan.types, false, &mut matmul, &mut tick)?;
-        sweep.experts(&[1, 16], &mut matmul, &mut tick)?;
+        sweep.experts(GgmlType::Q4_0, CPU_EXPERT_TOKENS, &mut matmul, &mut tick)?;
         // A prompt chunk's attention on the CPU costs far less per query
         // than a few queries' (measured on the H200's host: R1 with 24 of
         // 32 layers' KV on the CPU prefilled 4,090 tokens in 0.92 s where
@@ -286,40 +293,11 @@ pub fn measure(
         if let Some((shape, tokens)) = &plan.gpu_small {
             sweep.dense(*shape, tokens, &plan.types, false, &mut matmul, &mut tick)?;
         }
-        sweep.experts(&[1, 512, 4096], &mut matmul, &mut tick)?;
+        sweep.experts(GgmlType::Q4_0, GPU_EXPERT_TOKENS, &mut matmul, &mut tick)?;
         sweep.attention(i64::MAX, &mut attention, &mut tick)?;
         // CPU matmuls while the link streams host-to-device copies.
         if let (true, Some(ci)) = (plan.busy, cpu_index) {
-            let stop = std::sync::atomic::AtomicBool::new(false);
-            let gi = g.index;
-            std::thread::scope(|s| -> Result<(), ProfileError> {
-                let copier = s.spawn(|| {
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        if opbench::measure_link(gi, 256 << 20, Duration::from_millis(50)).is_err() {
-                            break;
-                        }
-                    }
-                });
-                let res = Backend::open(ci).map_err(ProfileError::from).and_then(|mut cpu| {
-                    cpu.set_threads(threads);
-                    let sweep = Sweep {
-                        plan: &plan,
-                        device: Device::Cpu,
-                        backend: &cpu,
-                    };
-                    sweep.dense(
-                        plan.shape,
-                        &plan.cpu_tokens,
-                        &[GgmlType::Q4_0],
-                        true,
-                        &mut matmul,
-                        &mut tick,
-                    )
-                });
-                stop.store(true, std::sync::atomic::Ordering::Relaxed);
-                let _ = copier.join();
-                res
-            })?;
+            beside_copies(&plan, (ci, g.index), threads, &[GgmlType::Q4_0], &mut matmul, &mut tick)?;
         }
     }
 
@@ -337,4 +315,119 @@ pub fn measure(
     };
     profile.make_monotone();
     Ok(profile)
+}
+
+/// Batch sizes of the expert samples on the CPU and on the GPU.
+const CPU_EXPERT_TOKENS: &[i64] = &[1, 16];
+const GPU_EXPERT_TOKENS: &[i64] = &[1, 512, 4096];
+
+/// Dense CPU matmuls of `types` (the plan's shape and CPU batch sizes) on
+/// the CPU backend `ci` while the link streams host-to-device copies to the
+/// GPU `gi`: what a row split's CPU part runs at beside its copies.
+fn beside_copies(
+    plan: &Plan,
+    (ci, gi): (usize, usize),
+    threads: i32,
+    types: &[GgmlType],
+    out: &mut Vec<MatmulSample>,
+    tick: &mut dyn FnMut(),
+) -> Result<(), ProfileError> {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| -> Result<(), ProfileError> {
+        let copier = s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if opbench::measure_link(gi, 256 << 20, Duration::from_millis(50)).is_err() {
+                    break;
+                }
+            }
+        });
+        let res = Backend::open(ci).map_err(ProfileError::from).and_then(|mut cpu| {
+            cpu.set_threads(threads);
+            let sweep = Sweep {
+                plan,
+                device: Device::Cpu,
+                backend: &cpu,
+            };
+            sweep.dense(plan.shape, &plan.cpu_tokens, types, true, out, tick)
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = copier.join();
+        res
+    })
+}
+
+/// Steps [`measure_missing`] takes for `missing` (one per batch size).
+pub fn missing_steps(profile: &MachineProfile, missing: &Missing) -> u64 {
+    let plan = plan_for(profile.mode);
+    let experts: usize = missing
+        .experts
+        .iter()
+        .map(|(d, _)| match d {
+            Device::Cpu => CPU_EXPERT_TOKENS.len(),
+            Device::Gpu => GPU_EXPERT_TOKENS.len(),
+        })
+        .sum();
+    (experts + missing.beside_copies.len() * plan.cpu_tokens.len()) as u64
+}
+
+/// Measure the samples `missing` names on this machine into `profile`, at
+/// its mode's shapes, with `threads` CPU threads; `progress` gets (done,
+/// total) steps. A type ggml cannot time is left out with a warning (the
+/// cost model then prices it by the nearest type measured).
+pub fn measure_missing(
+    profile: &mut MachineProfile,
+    missing: &Missing,
+    threads: i32,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<(), ProfileError> {
+    let devices = engine::init(None)?;
+    let index = |kind: DeviceKind| devices.iter().find(|d| d.kind == kind).map(|d| d.index);
+    let plan = plan_for(profile.mode);
+    let total = missing_steps(profile, missing);
+    let mut done = 0u64;
+    let mut tick = || {
+        done += 1;
+        progress(done.min(total), total);
+    };
+    let t0 = Instant::now();
+    let mut matmul = Vec::new();
+    for &(device, ty) in &missing.experts {
+        let (Some(i), tokens) = (match device {
+            Device::Cpu => (index(DeviceKind::Cpu), CPU_EXPERT_TOKENS),
+            Device::Gpu => (index(DeviceKind::Gpu), GPU_EXPERT_TOKENS),
+        }) else {
+            continue;
+        };
+        let mut backend = Backend::open(i)?;
+        if device == Device::Cpu {
+            backend.set_threads(threads);
+        }
+        let sweep = Sweep {
+            plan: &plan,
+            device,
+            backend: &backend,
+        };
+        let mut samples = Vec::new();
+        match sweep.experts(ty, tokens, &mut samples, &mut tick) {
+            Ok(()) => matmul.append(&mut samples),
+            Err(e) => tracing::warn!("profile: {ty} experts on the {device:?} not measured: {e}"),
+        }
+    }
+    if let (false, Some(ci), Some(gi)) = (
+        missing.beside_copies.is_empty(),
+        index(DeviceKind::Cpu),
+        index(DeviceKind::Gpu),
+    ) {
+        for &ty in &missing.beside_copies {
+            let mut samples = Vec::new();
+            match beside_copies(&plan, (ci, gi), threads, &[ty], &mut samples, &mut tick) {
+                Ok(()) => matmul.append(&mut samples),
+                Err(e) => tracing::warn!("profile: {ty} beside the link's copies not measured: {e}"),
+            }
+        }
+    }
+    profile.matmul.append(&mut matmul);
+    profile.measured_in_s += t0.elapsed().as_secs_f64();
+    profile.make_monotone();
+    Ok(())
 }

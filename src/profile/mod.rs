@@ -7,8 +7,10 @@
 //! batch size and scaled by work ([`MachineProfile::matmul_seconds`]).
 
 mod measure;
+mod types_used;
 
-pub use measure::{measure, ProfileMode};
+pub use measure::{measure, measure_missing, missing_steps, ProfileMode};
+pub use types_used::{Missing, TypesUsed};
 
 use std::path::{Path, PathBuf};
 
