@@ -104,6 +104,11 @@ fn check_inspect(preset: &presets::ArchPreset, quant: Quant, path: &Path, report
     match quant {
         Quant::Q4_0 => assert!(has(GgmlType::Q4_0), "{}: no Q4_0 tensor at q4_0", preset.name),
         Quant::Q4_K_M => assert!(has(GgmlType::Q4_K), "{}: no Q4_K tensor at q4_k_m", preset.name),
+        Quant::Q5_K_M => assert!(has(GgmlType::Q5_K), "{}: no Q5_K tensor at q5_k_m", preset.name),
+        Quant::Q6_K => assert!(has(GgmlType::Q6_K), "{}: no Q6_K tensor at q6_k", preset.name),
+        Quant::MXFP4 if preset.n_expert > 0 => {
+            assert!(has(GgmlType::MXFP4), "{}: no MXFP4 tensor at mxfp4", preset.name)
+        }
         _ => {}
     }
 }
@@ -222,6 +227,25 @@ fn every_tiny_preset_writes_loads_and_generates() {
 }
 
 /// The vision preset also writes its mmproj, a valid F16 CLIP GGUF.
+/// The schemes beside q4_0 and q4_k_m, each on a tiny preset it changes:
+/// written, inspected, loaded and run greedily. MXFP4 quantizes routed
+/// experts only (gpt-oss's scheme), so it runs on a MoE preset.
+#[test]
+fn q5_k_m_q6_k_and_mxfp4_write_load_and_generate() {
+    let dir = common::scratch_dir("synth-new-schemes");
+    for (name, quant) in [
+        ("tiny-llama3.1-8b", Quant::Q5_K_M),
+        ("tiny-qwen3-8b", Quant::Q6_K),
+        ("tiny-qwen3-30b-a3b", Quant::MXFP4),
+    ] {
+        let preset = presets::by_name(name).unwrap();
+        let path = dir.join(format!("{name}-{quant}.gguf"));
+        let report = write(name, quant, &path, 7);
+        check_inspect(&preset, quant, &path, &report);
+        check_runs(&preset, quant, &path);
+    }
+}
+
 #[test]
 fn vision_preset_writes_a_valid_mmproj() {
     let dir = common::scratch_dir("synth-mmproj");

@@ -144,7 +144,7 @@ pub struct PlanArgs {
     /// Plan a `pipeshard synth` preset instead, before having the model (e.g. qwen3-30b-a3b).
     #[arg(long = "arch", conflicts_with = "model")]
     pub arch: Option<String>,
-    /// Weight scheme of --arch: q4_0, q8_0, q4_k_m or f16.
+    /// Weight scheme of --arch: q4_0, q8_0, q4_k_m, q5_k_m, q6_k, mxfp4 or f16.
     #[arg(long = "quant", default_value = "q4_0", requires = "arch")]
     pub quant: String,
     #[command(flatten)]
@@ -202,8 +202,13 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
                 .1
         }
         (None, Some(arch)) => {
-            let quant = pipeshard::synth::Quant::from_name(&args.quant)
-                .with_context(|| format!("unknown --quant {:?} (use q4_0, q8_0, q4_k_m or f16)", args.quant))?;
+            let quant = pipeshard::synth::Quant::from_name(&args.quant).with_context(|| {
+                format!(
+                    "unknown --quant {:?} (use {})",
+                    args.quant,
+                    pipeshard::synth::Quant::names()
+                )
+            })?;
             pipeshard::synth::model_info(arch, quant)?
         }
         (None, None) => anyhow::bail!("pass -m MODEL or --arch PRESET"),

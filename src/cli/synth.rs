@@ -12,7 +12,7 @@ pub struct SynthArgs {
     /// Architecture preset, e.g. llama3.1-8b, qwen3-30b-a3b, tiny-llama3.1-8b.
     #[arg(long = "arch")]
     pub arch: String,
-    /// q4_0, q8_0, q4_k_m or f16.
+    /// q4_0, q8_0, q4_k_m, q5_k_m, q6_k, mxfp4 or f16.
     #[arg(long = "quant", default_value = "q4_0")]
     pub quant: String,
     #[arg(short = 'o', long = "output")]
@@ -29,7 +29,7 @@ pub struct SynthArgs {
 
 pub fn synth_cmd(args: SynthArgs) -> Result<()> {
     let quant = Quant::from_name(&args.quant)
-        .with_context(|| format!("unknown --quant {:?} (use q4_0, q8_0, q4_k_m or f16)", args.quant))?;
+        .with_context(|| format!("unknown --quant {:?} (use {})", args.quant, Quant::names()))?;
     presets::by_name(&args.arch)?;
     let mut opts = SynthOptions::new(args.arch.clone(), quant, args.output.clone());
     opts.mmproj_output = args.mmproj_out.clone();

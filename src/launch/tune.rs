@@ -128,7 +128,7 @@ impl SplitKnob {
             .any(|t| !t.resident && t.exec.iter().any(|&(_, e)| e == Exec::Hybrid));
         if hybrid && plan.hybrid_gpu_experts > 0 && n_expert_used >= 3 {
             return Some(SplitKnob::Experts {
-                start: plan.hybrid_gpu_experts.min(n_expert_used - 1),
+                start: plan.hybrid_gpu_experts,
                 max: n_expert_used - 1,
             });
         }
@@ -138,13 +138,27 @@ impl SplitKnob {
         })
     }
 
+    /// The plan's own setting (offset 0), whether or not within the range
+    /// the search walks: the optimizer may plan any share (R1 Q4_K_M at 2
+    /// GiB planned one outside 5-95%).
+    pub fn planned(&self) -> SplitSetting {
+        match *self {
+            SplitKnob::Experts { start, .. } => SplitSetting::Experts(start),
+            SplitKnob::Rows { start } => SplitSetting::Rows(start),
+        }
+    }
+
     /// The setting `offset` units from the plan's (an expert, or
-    /// [`ROW_SHARE_UNIT`] of the rows), if within the knob's range: 1 to
+    /// [`ROW_SHARE_UNIT`] of the rows): the plan's own at 0
+    /// ([`SplitKnob::planned`]), others if within the knob's range: 1 to
     /// `max` experts, a row share from 5% to 95%. Offsets from
     /// [`WHOLE_BASE`] up are row shares with ffn_down streamed whole, from
     /// 2.5% ([`WHOLE_SHARE_MIN`]) to 95%.
     pub fn setting(&self, offset: i32) -> Option<SplitSetting> {
         let (lo, hi) = (ROW_SHARE_MIN - 1e-9, 1.0 - ROW_SHARE_MIN + 1e-9);
+        if offset == 0 {
+            return Some(self.planned());
+        }
         match *self {
             SplitKnob::Experts { start, max } => {
                 let k = start as i64 + offset as i64;
@@ -497,7 +511,7 @@ impl ShareSearch {
     pub fn best(&self) -> SplitSetting {
         self.knob
             .setting(self.best_offset())
-            .expect("a measured offset is within the knob's range")
+            .unwrap_or_else(|| self.knob.planned())
     }
 
     /// Every setting measured, with its seconds per step, by offset; then
@@ -547,6 +561,44 @@ const SETTLE_STEPS: usize = 3;
 /// Decode steps timed per setting (their median is its time).
 const TIMED_STEPS: usize = 8;
 
+/// What a split search measures on: a loaded context in `run` and `bench`
+/// ([`tune_split`]), recorded step times in tests.
+pub trait SplitProbe {
+    /// Put `setting` in force (its graphs are rebuilt at the next step).
+    fn put_in_force(&mut self, setting: SplitSetting);
+    /// Seconds per decode step of the setting in force.
+    fn time_steps(&mut self) -> Result<f64, LaunchError>;
+}
+
+/// Search `knob`'s settings on `probe` ([`ShareSearch`]) and leave the
+/// chosen one in force. Where a measurement fails, the plan's own setting
+/// is put back in force, never a probe's, and the error returned.
+pub fn search_split(knob: SplitKnob, probe: &mut impl SplitProbe) -> Result<SplitTuning, LaunchError> {
+    let started = Instant::now();
+    let mut search = ShareSearch::new(knob);
+    while let Some((offset, setting)) = search.next() {
+        probe.put_in_force(setting);
+        match probe.time_steps() {
+            Ok(t) => {
+                tracing::debug!("decode split: {setting}: {:.2} ms per step", t * 1e3);
+                search.record(offset, t);
+            }
+            Err(e) => {
+                probe.put_in_force(knob.planned());
+                return Err(e);
+            }
+        }
+    }
+    let chosen = search.best();
+    probe.put_in_force(chosen);
+    Ok(SplitTuning {
+        planned: knob.planned(),
+        chosen,
+        measured: search.measured(),
+        elapsed_s: started.elapsed().as_secs_f64(),
+    })
+}
+
 /// Choose `launch`'s decode split on the loaded `ctx`: time decode steps of
 /// sequence 0 at position `depth` and after (the cells a step adds are
 /// removed before the next setting) for the settings [`ShareSearch`] asks
@@ -554,7 +606,8 @@ const TIMED_STEPS: usize = 8;
 /// (its graphs are rebuilt at the next decode). Does nothing (None) for a
 /// plan with no knob ([`Launch::split_knob`]). `depth` cells of sequence 0
 /// must be in the cache already; they are kept, except those a short
-/// context needs for the steps.
+/// context needs for the steps. Where a step fails, the plan's setting
+/// stays in force and the log says why (None).
 pub fn tune_split(launch: &mut Launch, ctx: &mut Context<'_>, depth: u32) -> Result<Option<SplitTuning>, LaunchError> {
     let Some(knob) = launch.split_knob else {
         return Ok(None);
@@ -571,41 +624,50 @@ pub fn tune_split(launch: &mut Launch, ctx: &mut Context<'_>, depth: u32) -> Res
         return Ok(None);
     }
     ctx.seq_rm(0, depth as i32, -1);
-    let started = Instant::now();
-    let planned = knob.setting(0).expect("offset 0 is the plan's setting");
-    let mut search = ShareSearch::new(knob);
+    launch.split_knob = None;
     let n_vocab = ctx.model().n_vocab().max(2) as u64;
-    let mut result = Ok(());
-    while let Some((offset, setting)) = search.next() {
-        launch.put_in_force(&with_setting(&launch.plan, setting), ctx);
-        match time_steps(ctx, depth, n_vocab) {
-            Ok(t) => {
-                tracing::debug!("decode split: {setting}: {:.2} ms per step", t * 1e3);
-                search.record(offset, t);
-            }
-            Err(e) => {
-                result = Err(e);
-                break;
-            }
+    let mut probe = ContextProbe {
+        launch: &*launch,
+        ctx,
+        depth,
+        n_vocab,
+    };
+    match search_split(knob, &mut probe) {
+        Ok(tuning) => {
+            tracing::info!("decode split: {tuning}");
+            launch.plan = with_setting(&launch.plan, tuning.chosen);
+            Ok(Some(tuning))
+        }
+        Err(e) => {
+            tracing::warn!("decode split: not tuned, keeping the plan's {}: {e}", knob.planned());
+            Ok(None)
         }
     }
-    let chosen = search.best();
-    launch.plan = with_setting(&launch.plan, chosen);
-    launch.put_in_force(&launch.plan.clone(), ctx);
-    result?;
-    let tuning = SplitTuning {
-        planned,
-        chosen,
-        measured: search.measured(),
-        elapsed_s: started.elapsed().as_secs_f64(),
-    };
-    tracing::info!("decode split: {tuning}");
-    launch.split_knob = None;
-    Ok(Some(tuning))
 }
 
-/// Median seconds per decode step at `depth`, after the settling steps;
-/// the steps' cells are removed again.
+/// A loaded context's decode steps, at `depth` of sequence 0.
+struct ContextProbe<'a, 'm> {
+    launch: &'a Launch,
+    ctx: &'a mut Context<'m>,
+    depth: u32,
+    n_vocab: u64,
+}
+
+impl SplitProbe for ContextProbe<'_, '_> {
+    fn put_in_force(&mut self, setting: SplitSetting) {
+        self.launch
+            .put_in_force(&with_setting(&self.launch.plan, setting), self.ctx);
+    }
+
+    fn time_steps(&mut self) -> Result<f64, LaunchError> {
+        let timed = time_steps(self.ctx, self.depth, self.n_vocab);
+        // The steps' cells go, whether or not they all ran.
+        self.ctx.seq_rm(0, self.depth as i32, -1);
+        timed
+    }
+}
+
+/// Median seconds per decode step at `depth`, after the settling steps.
 fn time_steps(ctx: &mut Context<'_>, depth: u32, n_vocab: u64) -> Result<f64, LaunchError> {
     let mut times = Vec::with_capacity(TIMED_STEPS);
     let mut tok: Token = 1;
@@ -620,7 +682,6 @@ fn time_steps(ctx: &mut Context<'_>, depth: u32, n_vocab: u64) -> Result<f64, La
             times.push(t.elapsed().as_secs_f64());
         }
     }
-    ctx.seq_rm(0, depth as i32, -1);
     Ok(median(&mut times))
 }
 
@@ -687,8 +748,7 @@ impl StepTuner {
                 && positions.iter().zip(prev).filter(|(p, q)| p != q).count() == 1
                 && positions.iter().zip(prev).any(|(p, q)| *p == *q + 1 && *q >= 0)
         });
-        if one_step {
-            let (t0, _) = self.last.as_ref().expect("one_step needs a previous observation");
+        if let (true, Some((t0, _))) = (one_step, self.last.as_ref()) {
             self.started.get_or_insert(*t0);
             if self.settle_left > 0 {
                 self.settle_left -= 1;
@@ -709,7 +769,7 @@ impl StepTuner {
                 StepAction::Apply(setting)
             }
             None => StepAction::Done(SplitTuning {
-                planned: self.search.knob.setting(0).expect("offset 0 is the plan's setting"),
+                planned: self.search.knob.planned(),
                 chosen: self.search.best(),
                 measured: self.search.measured(),
                 elapsed_s: now_s - self.started.unwrap_or(now_s),
@@ -1173,6 +1233,110 @@ mod tests {
         run(&mut search, ms);
         assert_eq!((r.get(), w.get()), (3, 3), "{:?}", search.measured());
         assert_whole(search.best(), 0.125);
+    }
+
+    /// Recorded step times behind the probe seam: `ms(setting in force)`
+    /// per probe, and a failed decode at probe `fail_at` (1-based).
+    struct Recorded<F> {
+        ms: F,
+        in_force: SplitSetting,
+        probes: usize,
+        fail_at: Option<usize>,
+    }
+
+    impl<F: Fn(SplitSetting) -> f64> Recorded<F> {
+        fn new(knob: SplitKnob, ms: F) -> Recorded<F> {
+            Recorded {
+                ms,
+                in_force: knob.planned(),
+                probes: 0,
+                fail_at: None,
+            }
+        }
+    }
+
+    impl<F: Fn(SplitSetting) -> f64> SplitProbe for Recorded<F> {
+        fn put_in_force(&mut self, setting: SplitSetting) {
+            self.in_force = setting;
+        }
+
+        fn time_steps(&mut self) -> Result<f64, LaunchError> {
+            self.probes += 1;
+            if self.fail_at == Some(self.probes) {
+                return Err(crate::engine::EngineError::Decode { code: 1 }.into());
+            }
+            Ok((self.ms)(self.in_force) / 1e3)
+        }
+    }
+
+    /// R1 at 2 GiB on an H200 host (bench/results/session24, call b): every
+    /// weight split fastest near 18%, ffn_down whole fastest at 5%.
+    fn r1_h200(x: SplitSetting) -> f64 {
+        match x {
+            SplitSetting::Rows(f) => 31.5 + 40.0 * (f - 0.18).abs(),
+            SplitSetting::RowsDownWhole(s) => 28.56 + 37.0 * (s - 0.05).abs(),
+            SplitSetting::Experts(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_planned_share_outside_the_knobs_range_is_searched_from() {
+        // The optimizer plans any share on its grid of 0.5% (R1 Q4_K_M at
+        // 2 GiB planned one the knob's 5-95% did not hold, and `bench`
+        // panicked). The plan's own setting is offset 0 of any knob.
+        for start in [0.005, 0.03, 0.965, 1.0] {
+            let knob = SplitKnob::Rows { start };
+            assert_eq!(knob.setting(0), Some(SplitSetting::Rows(start)));
+            let mut probe = Recorded::new(knob, r1_h200);
+            let t = search_split(knob, &mut probe).expect("recorded times do not fail");
+            assert_eq!(t.planned, SplitSetting::Rows(start));
+            assert_eq!(probe.in_force, t.chosen, "{start}");
+            assert_whole(t.chosen, 0.05);
+            assert!(t.measured.iter().any(|(s, _)| *s == SplitSetting::Rows(start)));
+        }
+        // A saved plan may hold more GPU experts than the search's range.
+        let knob = SplitKnob::Experts { start: 8, max: 7 };
+        let mut probe = Recorded::new(knob, |x| match x {
+            SplitSetting::Experts(k) => 20.0 + (k as f64 - 6.0).abs(),
+            _ => unreachable!(),
+        });
+        let t = search_split(knob, &mut probe).unwrap();
+        assert_eq!(
+            (t.planned, t.chosen),
+            (SplitSetting::Experts(8), SplitSetting::Experts(6))
+        );
+    }
+
+    #[test]
+    fn a_failed_probe_leaves_the_plans_setting_in_force() {
+        for fail_at in [1, 2, 5] {
+            let knob = SplitKnob::Rows { start: 0.73 };
+            let mut probe = Recorded::new(knob, r1_h200);
+            probe.fail_at = Some(fail_at);
+            assert!(search_split(knob, &mut probe).is_err());
+            assert_eq!(probe.in_force, SplitSetting::Rows(0.73), "failed at {fail_at}");
+        }
+    }
+
+    #[test]
+    fn a_server_tunes_a_planned_share_outside_the_knobs_range() {
+        let knob = SplitKnob::Rows { start: 0.97 };
+        let mut tuner = StepTuner::new(knob);
+        let mut in_force = knob.planned();
+        let (mut t, mut pos) = (0.0, 10);
+        assert_eq!(tuner.observe(t, &[pos]), StepAction::Wait);
+        let done = loop {
+            t += r1_h200(in_force) / 1e3;
+            pos += 1;
+            match tuner.observe(t, &[pos]) {
+                StepAction::Wait => {}
+                StepAction::Apply(s) => in_force = s,
+                StepAction::Done(d) => break d,
+            }
+            assert!(pos < 10_000, "the tuner does not end");
+        };
+        assert_eq!(done.planned, SplitSetting::Rows(0.97));
+        assert_whole(done.chosen, 0.05);
     }
 
     #[test]

@@ -307,7 +307,10 @@ impl<'a> CostModel<'a> {
     /// [`CostModel::compute_seconds`] with `used` experts per token for an
     /// expert tensor (a part of each token's routed experts).
     fn experts_seconds(&self, t: &ModelTensor, n: u64, device: Device, used: u64) -> f64 {
-        let (k, rows) = (t.dims[0], t.dims[1]);
+        // Placeable tensors have two dimensions at least; a row of one
+        // otherwise.
+        let dim = |i: usize| t.dims.get(i).copied().unwrap_or(1);
+        let (k, rows) = (dim(0), dim(1));
         let experts = t.dims.get(2).copied().unwrap_or(1);
         if t.holds_routed_experts() {
             self.profile.expert_seconds(device, t.ty, k, rows, (experts, used), n)

@@ -50,23 +50,31 @@ pub fn start(launch: Option<&Launch>, cp: &ContextParams, budget: Option<u64>) {
     }
 }
 
-/// The server loop's hook, between two batches.
+/// The server loop's hook, between two batches. A tuner that fails (a
+/// panic, caught here, or a lock a panic poisoned) is dropped, with the
+/// plan's own setting put back in force rather than a probe's.
 pub fn on_loop(mut ctx: ContextRef<'_>) {
-    let Ok(mut g) = TUNER.lock() else {
-        return;
+    let (mut g, poisoned) = match TUNER.lock() {
+        Ok(g) => (g, false),
+        Err(e) => (e.into_inner(), true),
     };
     let Some(t) = g.as_mut() else {
         return;
     };
     let positions: Vec<i32> = (0..ctx.n_seq_max() as i32).map(|s| ctx.seq_pos_max(s)).collect();
     let now = t.origin.elapsed().as_secs_f64();
-    match t.tuner.observe(now, &positions) {
-        StepAction::Wait => {}
-        StepAction::Apply(setting) => {
+    let action = if poisoned {
+        Err(())
+    } else {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.tuner.observe(now, &positions))).map_err(|_| ())
+    };
+    match action {
+        Ok(StepAction::Wait) => {}
+        Ok(StepAction::Apply(setting)) => {
             t.switch.switch(&with_setting(&t.plan, setting));
             ctx.set_stream_slots(t.stream.0, t.stream.1);
         }
-        StepAction::Done(tuning) => {
+        Ok(StepAction::Done(tuning)) => {
             let plan = with_setting(&t.plan, tuning.chosen);
             t.switch.switch(&plan);
             ctx.set_stream_slots(t.stream.0, t.stream.1);
@@ -74,6 +82,12 @@ pub fn on_loop(mut ctx: ContextRef<'_>) {
                 set_installed_plan(&plan, b);
             }
             tracing::info!("decode split: {tuning}");
+            *g = None;
+        }
+        Err(()) => {
+            tracing::warn!("decode split: not tuned, the tuner failed; the plan's setting is in force");
+            t.switch.switch(&t.plan);
+            ctx.set_stream_slots(t.stream.0, t.stream.1);
             *g = None;
         }
     }

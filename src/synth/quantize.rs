@@ -18,17 +18,41 @@ pub enum Quant {
     /// `q4_k_m`: llama.cpp's Q4_K_M mix (Q4_K, with Q6_K for the output and
     /// some attn_v / ffn_down layers).
     Q4_K_M,
+    /// `q5_k_m`: llama.cpp's Q5_K_M mix (Q5_K, with Q6_K where Q4_K_M has
+    /// it).
+    Q5_K_M,
+    /// `q6_k`: Q6_K weights.
+    Q6_K,
+    /// `mxfp4`: llama.cpp's MXFP4_MOE (gpt-oss): routed experts in MXFP4,
+    /// every other quantized weight Q8_0.
+    MXFP4,
     /// `f16`: unquantized F16 weights.
     F16,
 }
 
 impl Quant {
     /// All schemes.
-    pub const ALL: [Quant; 4] = [Quant::Q4_0, Quant::Q8_0, Quant::Q4_K_M, Quant::F16];
+    pub const ALL: [Quant; 7] = [
+        Quant::Q4_0,
+        Quant::Q8_0,
+        Quant::Q4_K_M,
+        Quant::Q5_K_M,
+        Quant::Q6_K,
+        Quant::MXFP4,
+        Quant::F16,
+    ];
 
-    /// Parses a scheme name (`q4_0`, `q8_0`, `q4_k_m`, `f16`; any case).
+    /// Parses a scheme name (`q4_0`, `q8_0`, `q4_k_m`, `q5_k_m`, `q6_k`,
+    /// `mxfp4`, `f16`; any case).
     pub fn from_name(name: &str) -> Option<Quant> {
         Quant::ALL.iter().copied().find(|q| q.name().eq_ignore_ascii_case(name))
+    }
+
+    /// Every scheme's name, for messages: `q4_0, q8_0, ... or f16`.
+    pub fn names() -> String {
+        let names: Vec<&str> = Quant::ALL.iter().map(|q| q.name()).collect();
+        let (last, rest) = names.split_last().unwrap_or((&"", &[]));
+        format!("{} or {last}", rest.join(", "))
     }
 
     /// The scheme's name.
@@ -37,6 +61,9 @@ impl Quant {
             Quant::Q4_0 => "q4_0",
             Quant::Q8_0 => "q8_0",
             Quant::Q4_K_M => "q4_k_m",
+            Quant::Q5_K_M => "q5_k_m",
+            Quant::Q6_K => "q6_k",
+            Quant::MXFP4 => "mxfp4",
             Quant::F16 => "f16",
         }
     }
@@ -48,6 +75,9 @@ impl Quant {
             Quant::Q4_0 => 2,
             Quant::Q8_0 => 7,
             Quant::Q4_K_M => 15,
+            Quant::Q5_K_M => 17,
+            Quant::Q6_K => 18,
+            Quant::MXFP4 => 38,
         }
     }
 
@@ -59,6 +89,9 @@ impl Quant {
             Quant::Q4_0 => GgmlType::Q4_0,
             Quant::Q8_0 => GgmlType::Q8_0,
             Quant::Q4_K_M => GgmlType::Q4_K,
+            Quant::Q5_K_M => GgmlType::Q5_K,
+            Quant::Q6_K => GgmlType::Q6_K,
+            Quant::MXFP4 => GgmlType::MXFP4,
         }
     }
 }
@@ -125,7 +158,13 @@ pub fn tensor_type(quant: Quant, name: &str, dims: &[u64], ctx: &MixContext) -> 
     let is_attn_v =
         name.contains("attn_v.weight") || name.contains("attn_qkv.weight") || name.contains("attn_kv_b.weight");
 
-    if is_output || (is_tok && !ctx.has_output) {
+    let more_bits = matches!(quant, Quant::Q4_K_M | Quant::Q5_K_M);
+    if quant == Quant::MXFP4 {
+        // Routed experts (three dimensions) MXFP4, every other weight and
+        // the output Q8_0.
+        let experts = !is_output && dims.get(2).is_some_and(|&n| n > 1);
+        ty = if experts { GgmlType::MXFP4 } else { GgmlType::Q8_0 };
+    } else if is_output || (is_tok && !ctx.has_output) {
         if nx % ty.block_size() != 0 {
             ty = GgmlType::Q8_0;
         } else if ty != GgmlType::Q8_0 {
@@ -134,7 +173,7 @@ pub fn tensor_type(quant: Quant, name: &str, dims: &[u64], ctx: &MixContext) -> 
     } else if is_tok {
         // untied token embeddings keep the default type for these schemes
     } else if is_attn_v {
-        if quant == Quant::Q4_K_M {
+        if more_bits {
             // one attn_v per layer, visited in layer order
             let i = layer_of(name).unwrap_or(0);
             if use_more_bits(i, i64::from(ctx.n_layer)) {
@@ -149,7 +188,7 @@ pub fn tensor_type(quant: Quant, name: &str, dims: &[u64], ctx: &MixContext) -> 
             ty = GgmlType::Q8_0;
         }
     } else if name.contains("ffn_down") {
-        if quant == Quant::Q4_K_M {
+        if more_bits {
             let i = layer_of(name).unwrap_or(0);
             if use_more_bits(i, i64::from(ctx.n_layer)) {
                 ty = GgmlType::Q6_K;
@@ -203,7 +242,7 @@ pub fn can_generate(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K | MXFP4
     )
 }
 
@@ -444,10 +483,28 @@ pub fn fill_blocks(ty: GgmlType, init: Init, rng: &mut WyRand, out: &mut [u8]) -
                 b[208..210].copy_from_slice(&h(d0 * jitter(rng)));
             }
         }
+        GgmlType::MXFP4 => {
+            // layout: e (E8M0 exponent, the values' scale 2^(e - 128) with
+            // ggml's doubled E2M1 values), qs[16] (E2M1 nibbles). Each
+            // block's exponent is one of the two around the one that gives
+            // `sigma`, picked so that the variance's mean is sigma^2.
+            let x = 128.0 + (sigma / MXFP4_STD).log2();
+            let lo = x.floor();
+            let p_hi = (4f32.powf(x - lo) - 1.0) / 3.0;
+            let e = |rng: &mut WyRand| (lo + f32::from(u8::from(rng.next_f32() < p_hi))).clamp(1.0, 254.0) as u8;
+            for b in out.chunks_exact_mut(bs) {
+                b[0] = e(rng);
+                rng.fill_bytes(&mut b[1..17]);
+            }
+        }
         _ => return false,
     }
     true
 }
+
+/// Standard deviation of ggml's doubled E2M1 values (`kvalues_mxfp4`) over
+/// uniform nibbles: `sqrt(2 * (1 + 4 + 9 + 16 + 36 + 64 + 144) / 16)`.
+const MXFP4_STD: f32 = 5.852_35;
 
 #[cfg(test)]
 mod tests {
@@ -566,6 +623,45 @@ mod tests {
     }
 
     #[test]
+    fn q5_k_m_q6_k_and_mxfp4_mixes() {
+        let dense = ctx(32, 0, true);
+        let t = |q: Quant, name: &str, dims: &[u64]| tensor_type(q, name, dims, &dense);
+        assert_eq!(t(Quant::Q5_K_M, "blk.7.attn_q.weight", &[4096, 4096]), GgmlType::Q5_K);
+        assert_eq!(
+            t(Quant::Q5_K_M, "blk.6.ffn_down.weight", &[14336, 4096]),
+            GgmlType::Q6_K
+        );
+        assert_eq!(
+            t(Quant::Q5_K_M, "blk.7.ffn_down.weight", &[14336, 4096]),
+            GgmlType::Q5_K
+        );
+        assert_eq!(t(Quant::Q5_K_M, "blk.0.attn_v.weight", &[4096, 1024]), GgmlType::Q6_K);
+        assert_eq!(t(Quant::Q5_K_M, "output.weight", &[4096, 128256]), GgmlType::Q6_K);
+        assert_eq!(t(Quant::Q5_K_M, "blk.7.attn_q.weight", &[4000, 4096]), GgmlType::Q5_1);
+        assert_eq!(t(Quant::Q6_K, "blk.7.attn_q.weight", &[4096, 4096]), GgmlType::Q6_K);
+        assert_eq!(t(Quant::Q6_K, "blk.6.ffn_down.weight", &[14336, 4096]), GgmlType::Q6_K);
+        assert_eq!(t(Quant::Q6_K, "output.weight", &[4096, 128256]), GgmlType::Q6_K);
+        assert_eq!(t(Quant::Q6_K, "blk.7.attn_q.weight", &[4000, 4096]), GgmlType::Q8_0);
+        // MXFP4_MOE: routed experts MXFP4, the rest (output, embeddings
+        // included) Q8_0; a dense model has no MXFP4 tensor.
+        let moe = ctx(24, 32, true);
+        let m = |name: &str, dims: &[u64]| tensor_type(Quant::MXFP4, name, dims, &moe);
+        assert_eq!(m("blk.0.ffn_down_exps.weight", &[2880, 2880, 32]), GgmlType::MXFP4);
+        assert_eq!(m("blk.0.ffn_gate_exps.weight", &[2880, 2880, 32]), GgmlType::MXFP4);
+        assert_eq!(m("blk.0.attn_q.weight", &[2880, 4096]), GgmlType::Q8_0);
+        assert_eq!(m("output.weight", &[2880, 201088]), GgmlType::Q8_0);
+        assert_eq!(m("token_embd.weight", &[2880, 201088]), GgmlType::Q8_0);
+        assert_eq!(m("blk.0.ffn_gate_inp.weight", &[2880, 32]), GgmlType::F32);
+        assert_eq!(m("blk.0.ffn_up_exps.weight", &[100, 64, 32]), GgmlType::F16);
+        assert_eq!(t(Quant::MXFP4, "blk.7.ffn_down.weight", &[14336, 4096]), GgmlType::Q8_0);
+        assert_eq!(Quant::from_name("MXFP4"), Some(Quant::MXFP4));
+        assert_eq!(
+            [Quant::Q5_K_M, Quant::Q6_K, Quant::MXFP4].map(Quant::file_type),
+            [17, 18, 38]
+        );
+    }
+
+    #[test]
     fn fallback_table() {
         assert_eq!(fallback(GgmlType::Q4_K, 768), GgmlType::Q4_K);
         assert_eq!(fallback(GgmlType::Q4_K, 96), GgmlType::Q5_0);
@@ -643,6 +739,16 @@ mod tests {
                 })
                 .collect(),
             GgmlType::Q8_0 => (0..32).map(|j| f(0) * f32::from(b[2 + j] as i8)).collect(),
+            GgmlType::MXFP4 => {
+                const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+                let scale = 2f32.powi(i32::from(b[0]) - 128);
+                (0..32)
+                    .map(|j| {
+                        let q = if j < 16 { b[1 + j] & 15 } else { b[1 + j - 16] >> 4 };
+                        scale * f32::from(KVALUES[usize::from(q)])
+                    })
+                    .collect()
+            }
             GgmlType::Q4_K => {
                 let (d, dmin) = (f(0), f(2));
                 let mut sc = [0u8; 12];
@@ -679,7 +785,13 @@ mod tests {
     #[test]
     fn random_blocks_have_the_requested_spread() {
         let sigma = 0.02f32;
-        for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::MXFP4,
+        ] {
             let mut r = WyRand::new(7);
             let mut buf = vec![0u8; ty.type_size() as usize * 512];
             assert!(fill_blocks(ty, Init::Random { sigma }, &mut r, &mut buf));
