@@ -103,7 +103,27 @@ fn run() -> Result<()> {
 
     generate_bindings(&root, &src, &out_dir)?;
     emit_commit(&root);
+    emit_host_cpu_cfg();
     Ok(())
+}
+
+/// `cfg(pipeshard_host_avx512_vnni)` where the building machine's CPU has
+/// AVX-512 F, BW, VL and VNNI: tests of patch 0042's kernel run there and
+/// are ignored, with the reason, elsewhere.
+fn emit_host_cpu_cfg() {
+    println!("cargo:rustc-check-cfg=cfg(pipeshard_host_avx512_vnni)");
+    let flags = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags: Vec<&str> = flags
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default();
+    if ["avx512f", "avx512bw", "avx512vl", "avx512_vnni"]
+        .iter()
+        .all(|f| flags.contains(f))
+    {
+        println!("cargo:rustc-cfg=pipeshard_host_avx512_vnni");
+    }
 }
 
 /// The commit being built, for the rows `pipeshard bench` writes

@@ -7,7 +7,7 @@
 #     default: -m "not slow" unit/
 #   PIPESHARD_SERVER_TESTS_SKIP_EXPECTED=1: deselect the tests listed in
 #     tests/upstream-server/expected-failures.txt (they need upstream's own
-#     test models; bench/results/server-tests/README.md says why).
+#     test models; docs/upstream-server-tests.md says why).
 #
 # Installs the tests' Python requirements into .tools/server-tests/ (once),
 # writes the synthetic models into target/server-tests/, copies upstream's

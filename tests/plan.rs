@@ -441,12 +441,12 @@ fn pipelined<'a>(
     plan::CostModel::new(info, profile, plan::Streaming::Pipelined, true, overheads, None)
 }
 
-/// The committed profile of the H200 host, where hybrid experts were measured.
+/// The H200 host's profile, where hybrid experts were measured: a frozen
+/// copy (tests/fixtures/h200-machine-profile.yaml), not the mutable one
+/// under profiles/.
 fn h200_profile() -> MachineProfile {
-    MachineProfile::load(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/intel-r-xeon-r-processor__nvidia-h200__t16.yaml"),
-    )
-    .expect("the H200 profile")
+    MachineProfile::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/h200-machine-profile.yaml"))
+        .expect("the H200 profile fixture")
 }
 
 #[test]
@@ -909,7 +909,7 @@ fn a_server_plans_for_the_longest_prompt_a_slot_holds() {
 /// On the H200 host's committed profile, R2's hybrid share at 4 GiB is the
 /// one measured fastest there: 5 of 8 experts on the GPU decoded 50.3 tok/s,
 /// 4 of 8 46.8, 6 of 8 45.0 and 3 of 8 42.1, in one call on one host
-/// (bench/results/h200-session9/moe-decode.md); the cost model ranks the
+/// (CHANGELOG.md, session 9); the cost model ranks the
 /// shares of a layer in that order.
 #[test]
 fn r2_hybrid_share_on_the_h200_profile_is_the_one_measured_fastest() {
@@ -1006,10 +1006,10 @@ fn the_first_ubatchs_mask_costs_what_patch_0032_leaves_of_it() {
     // and the first ubatch of a prompt overlaps nothing. Before patch 0032
     // that took ~2 ns an entry, so one ubatch of 4096 waited ~34 ms for
     // its 16.8M entries: upstream's full-GPU pp4096 was slower at ub 4096
-    // than at ub 2048 for both reference models (h200-session9 s9d). With
+    // than at ub 2048 for both reference models (CHANGELOG.md, session 9). With
     // the patch, pipeshard's full-GPU prompt of R2 at ub 4096 took 0.302 s
     // against 0.339 s without it, in one call on the H200
-    // (h200-session13/r2-prefill.md). The planner prices each entry at
+    // (CHANGELOG.md, session 13). The planner prices each entry at
     // what is left, 0.3 ns: 5 ms for one ubatch of 4096, 1.3 ms for 2048.
     let profile = h200_profile();
     for preset in ["llama3.1-8b", "qwen3-30b-a3b"] {
@@ -1070,7 +1070,7 @@ fn a_servers_slots_decoding_together_get_a_tier_of_their_own() {
         let mut pr = launch::plan_request(&req, &info, &cp, 4 * GIB, &profile).0;
         // The dry run's correction of the compute estimate on the H200
         // (the server's plan checks: llama.cpp reserved 809 MiB of compute
-        // at ub 4096 for this context, h200-session10/r2-clients).
+        // at ub 4096 for this context, CHANGELOG.md, session 10).
         pr.compute_scale = 0.344;
         pr
     };
@@ -1465,7 +1465,7 @@ fn the_decode_tier_fills_the_prompts_compute_buffers_with_weights() {
 }
 
 /// The switch into the decode tier costs each prompt its copies and ~1.5
-/// ms per layer (h200-session14): for R2's 64 generated tokens the 4-5%
+/// ms per layer (CHANGELOG.md, session 14): for R2's 64 generated tokens the 4-5%
 /// faster steps do not pay for it, so no tier is planned; for 512 they do.
 /// R1's tier pays at 64.
 #[test]

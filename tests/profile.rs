@@ -139,9 +139,10 @@ fn check_profile(p: &MachineProfile) {
 }
 
 /// `profile --mode tiny` finishes within a minute and writes a readable,
-/// sane CPU profile; `plan` with it refuses cleanly on a CPU-only profile.
+/// sane profile; `plan` with it refuses cleanly where it is CPU-only, and
+/// plans where the machine has a GPU.
 #[test]
-fn tiny_profile_then_plan_without_gpu() {
+fn tiny_profile_then_plan() {
     let dir = common::scratch_dir("profile-tiny");
     let yaml = dir.join("p.yaml");
     let out = pipeshard_with_limit(
@@ -173,10 +174,6 @@ fn tiny_profile_then_plan_without_gpu() {
     }
     assert!(p.key.file_name().ends_with("__t2.yaml"), "{}", p.key.file_name());
 
-    if p.has_gpu() {
-        // Only meaningful on a CPU-only machine.
-        return;
-    }
     let model = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", Quant::Q4_0);
     let plan = pipeshard_with_limit(
         &[
@@ -193,6 +190,18 @@ fn tiny_profile_then_plan_without_gpu() {
         &dir,
         Duration::from_secs(60),
     );
+    if p.has_gpu() {
+        // A GPU machine's profile plans the model.
+        assert_eq!(
+            plan.code,
+            Some(0),
+            "plan with this GPU machine's profile:\n{}",
+            plan.stderr
+        );
+        assert!(!plan.stdout.trim().is_empty(), "no plan printed");
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     assert_eq!(plan.code, Some(1), "plan with a CPU-only profile:\n{}", plan.stderr);
     assert!(plan.stderr.contains("error:"), "{}", plan.stderr);
     assert!(!plan.stderr.contains("panicked"), "{}", plan.stderr);

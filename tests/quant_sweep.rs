@@ -200,7 +200,7 @@ impl SplitProbe for Recorded {
     }
 }
 
-/// R1 at 2 GiB on an H200 host (bench/results/session24, call b): every
+/// R1 at 2 GiB on an H200 host (CHANGELOG.md, session 24, call b): every
 /// weight split fastest near 18%, ffn_down streamed whole fastest at 5%.
 fn r1_h200(x: SplitSetting) -> f64 {
     match x {

@@ -4,7 +4,7 @@
 //! `tests/upstream-server/expected-failures.txt` need upstream's own test
 //! models (or the network) and are left out; every other failure is a real
 //! incompatibility. The whole suite runs with `scripts/server-tests.sh`;
-//! `bench/results/server-tests/README.md` has its results.
+//! `docs/upstream-server-tests.md` has its results.
 
 use std::process::Command;
 

@@ -117,7 +117,7 @@ vl() { # [NAME [EXTRA...]]
     local name=${1:-vl-4g}; shift || true
     prepare
     [[ -f $W/vl.gguf ]] || $P synth --arch qwen2.5-vl-7b --quant q4_0 -o "$W/vl.gguf" --mmproj-out "$W/vl-mmproj.gguf"
-    [[ -f $W/1080p.png ]] || bash scripts/device/gpu-session.sh mkimages
+    [[ -f $W/1080p.png ]] || python3 scripts/device/make-images.py "$W"
     serve "$name" -m "$W/vl.gguf" -mm "$W/vl-mmproj.gguf" --vram-budget 4GiB -c 8192 -np 1 "$@"
     python3 - "$PORT" "$W/1080p.png" <<'PY' | tee "$RES/$name.clients"   # target: >= 25 tok/s decode
 import base64, json, sys, urllib.request

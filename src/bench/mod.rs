@@ -357,7 +357,7 @@ pub fn run_policy(
     // already ran once (first launches of a kernel at a new shape, the
     // device pool's growth); warming up only the first ubatch left those
     // in the first repetition (R2's full-GPU TTFT 0.307 and 0.328 s in its
-    // two repetitions, h200-session9/s9d).
+    // two repetitions, CHANGELOG.md, session 9).
     ctx.decode_tokens(&prompt, 0, true)?;
     ctx.decode_tokens(&[prompt[0]], prompt.len() as i32, true)?;
     // Reading the token waits for the warm-up's last decode, as

@@ -12,7 +12,7 @@
 //! CUDA module needs, as `scripts/device/cuda-stack.sh` records it from
 //! `cuobjdump` next to the module (`libggml-cuda.so.stack`);
 //! `PIPESHARD_CUDA_STACK_BYTES` overrides it, and without either CUDA's
-//! default stays. On the H200 (bench/results/h200-session7/z7) the process
+//! default stays. On the H200 (CHANGELOG.md, session 7) the process
 //! holds 520 MiB once the backend is up at 1 KiB, 334 MiB at 304 bytes.
 //!
 //! Set through the driver API (`libcuda.so.1`, loaded at run time) on the

@@ -284,7 +284,7 @@ const READ_BOUND_TOKENS: i64 = 4;
 /// than a server's last-level cache holds, so each is read from memory as a
 /// model's are. Four 75 MB weights (300 MB) still read at 72 GB/s on the
 /// H200's host, where R1's 3.2 GB of CPU weights decoded at 53 GB/s
-/// (bench/results/h200-session6).
+/// (CHANGELOG.md, session 6).
 const COLD_BYTES: u64 = 1 << 30;
 
 /// The most weights (or layers of experts) one benchmark allocates.

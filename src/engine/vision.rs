@@ -85,7 +85,7 @@ impl VisionOptions {
     /// On the H200 the streamed encoder's embeddings equal the full-GPU
     /// encoder's (max |diff| 0 at 480p and 1080p with 0, 1 and 4 slots),
     /// and 4 slots encode faster than synchronous copies (1440p: 2.40 s
-    /// against 2.61 s); bench/results/h200-session4.
+    /// against 2.61 s); CHANGELOG.md, session 4.
     pub fn budgeted(threads: i32) -> Self {
         VisionOptions {
             use_gpu: true,

@@ -14,7 +14,7 @@ use crate::engine;
 use crate::profile::MachineProfile;
 
 /// The CUDA context when nothing measured it: what it was on the H200 with
-/// the stack the module's kernels need (bench/results/h200-session7/z7:
+/// the stack the module's kernels need (CHANGELOG.md, session 7:
 /// 334 MiB at 304 bytes per thread; 520 MiB at CUDA's default 1 KiB).
 pub const ASSUMED_CONTEXT_BYTES: u64 = 352 << 20;
 
@@ -22,7 +22,7 @@ pub const ASSUMED_CONTEXT_BYTES: u64 = 352 << 20;
 /// overhead the plan prices itself (ggml-cuda's pool, cuBLAS, CUDA graphs),
 /// at the peak of a warmed-up run: [`RUNTIME_BYTES`] plus
 /// [`RUNTIME_BYTES_PER_TOKEN`] for each token of context, since attention's
-/// temporaries grow with it. On the H200 (bench/results/h200-session7),
+/// temporaries grow with it. On the H200 (CHANGELOG.md, session 7),
 /// everything outside llama.cpp's buffers and the context came to 91-110
 /// MiB for R1 at 512-4096 tokens and 152-183 MiB at 16k (94 MiB of
 /// streaming overhead priced), and 280 MiB for R2 (324 MiB priced).

@@ -8,7 +8,7 @@
 //! is set by how fast the CPU's part runs beside the link's copies, which
 //! varied by 1.07–1.6 times the profile's samples between H200 hosts (R2 at
 //! 4 GiB: share 4 fastest on one host, 57.7 tok/s against 52.8–54.8 for the
-//! model's 5; share 5 fastest on another, h200-session12/moe-decode2.md).
+//! model's 5; share 5 fastest on another, CHANGELOG.md, session 12).
 //!
 //! [`ShareSearch`] is the choice alone, fed with measured step times (CPU
 //! tested); [`tune_split`] measures them on a loaded context.
@@ -44,7 +44,7 @@ const ROW_SHARE_MIN: f64 = 0.05;
 /// whole: one unit. There the link carries ffn_down whole, and each unit
 /// of up and gate more costs link time: R1 at 2 GiB on an H200 host
 /// probed 28.56 ms per step at 5% and 30.41 at 10%, and kept the least
-/// share the search allowed then, 5% (bench/results/session24, call b).
+/// share the search allowed then, 5% (CHANGELOG.md, session 24, call b).
 const WHOLE_SHARE_MIN: f64 = ROW_SHARE_UNIT;
 /// Offsets from this one up name [`SplitSetting::RowsDownWhole`] at
 /// `(offset - WHOLE_BASE)` units of [`ROW_SHARE_UNIT`] (a share, not an
@@ -56,14 +56,14 @@ const WHOLE_BASE: i32 = 1 << 16;
 /// for a start far from it. With 4, one search on an H200 host started at
 /// 37.5% (its row climb had stopped at a noisy 58%), was still getting
 /// faster at 22.5% when it stopped, and kept 22.5%: 26.5 tok/s, where the
-/// same host's other searches kept 5-15% at 28-31 (bench/results/session23,
+/// same host's other searches kept 5-15% at 28-31 (CHANGELOG.md, session 23,
 /// call b).
 const WHOLE_PROBES: usize = 8;
 /// Probes more of each of the two settings a row search weighs last (the
 /// climb's choice and the fastest with ffn_down streamed whole),
 /// alternately: the host drifts while a search runs (on an H200 host one
 /// setting's probes within one search read 32.48, 34.42 and 33.85 ms,
-/// bench/results/session23, call b), so that a choice between settings
+/// CHANGELOG.md, session 23, call b), so that a choice between settings
 /// measured seconds apart is the host's more than theirs.
 const CONFIRM_PROBES: usize = 2;
 /// The finalists are confirmed only where their first probes are within
@@ -73,7 +73,7 @@ const CONFIRM_WITHIN: f64 = 0.10;
 /// probe's median of 8 steps differs by up to ±5% between neighbouring
 /// shares on one host, and on an H100 host 54% measured 2.3% slower than
 /// the cost model's 59%, which held the climb there, where 39-44% ran
-/// 10-20% faster (bench/results/session22, call k).
+/// 10-20% faster (CHANGELOG.md, session 22, call k).
 const PLATEAU: f64 = 0.05;
 
 /// One setting of a [`SplitKnob`].
@@ -85,7 +85,7 @@ pub enum SplitSetting {
     /// up's and gate's. The CPU then computes one part per layer and hands
     /// over to the GPU once instead of twice. R1 at 2 GiB decoded 3-5%
     /// faster so on an H100 host, with 5-15% of up's and gate's rows on the
-    /// GPU, than with 40-45% of every weight's (bench/results/session22).
+    /// GPU, than with 40-45% of every weight's (CHANGELOG.md, session 22).
     RowsDownWhole(f64),
 }
 
@@ -254,7 +254,7 @@ pub fn with_setting(plan: &Plan, setting: SplitSetting) -> Plan {
 /// The row shares' climb must reach far from the cost model's share: with
 /// patch 0042's CPU kernel, R1 at 2 GiB decoded at 27.6-28.5 tok/s at 48%
 /// on an H200 host, against 25.1-26.0 at 53%, where the model chose 73%
-/// and a climb of 5 probes ended (bench/results/session21, calls c and d);
+/// and a climb of 5 probes ended (CHANGELOG.md, session 21, calls c and d);
 /// on another host the search kept 35.5-38% (29.0-32.2 tok/s).
 ///
 /// The hybrid experts' step time need not fall and rise once around the
@@ -262,7 +262,7 @@ pub fn with_setting(plan: &Plan, setting: SplitSetting) -> Plan {
 /// computes again costs no copy, so more GPU experts can be faster by far
 /// where one fewer was slower within the noise. On an H100 host a climb
 /// went 5, 4, 3 and stopped, and never timed 7, which took 40% less per
-/// step there (bench/results/session18).
+/// step there (CHANGELOG.md, session 18).
 #[derive(Debug, Clone)]
 pub struct ShareSearch {
     knob: SplitKnob,
@@ -364,7 +364,7 @@ impl ShareSearch {
     /// ffn_down whole at 12.5% read 33.58, then 33.86 and 38.37 ms, and 48%
     /// of every weight 37.04, 36.10 and 36.99: the confirming probes' means
     /// (36.1 against 36.5) kept every weight split, and that run decoded
-    /// 25.6-26.1 tok/s (bench/results/session23, call d).
+    /// 25.6-26.1 tok/s (CHANGELOG.md, session 23, call d).
     fn choice_time(&self, o: i32) -> f64 {
         let mut all: Vec<f64> = self
             .measured
@@ -492,7 +492,7 @@ impl ShareSearch {
     /// H200 host with medians of 35.00 ms (ffn_down whole) and 35.17 ms
     /// (43% of every weight), the run kept 43% and decoded 27.8 and 25.8
     /// tok/s, where the same host's runs that kept ffn_down whole decoded
-    /// 27.9-29.6 (bench/results/session23, call e); in session 22 (call j)
+    /// 27.9-29.6 (CHANGELOG.md, session 23, call e); in session 22 (call j)
     /// one that kept 33% at 0.7% faster decoded 25.1-25.4, the others
     /// 27.9-32.1.
     pub fn best_offset(&self) -> i32 {
@@ -874,7 +874,7 @@ mod tests {
 
     #[test]
     fn a_share_past_a_slower_neighbour_is_still_found() {
-        // An H100 host with the expert cache (bench/results/session18,
+        // An H100 host with the expert cache (CHANGELOG.md, session 18,
         // c-r2-on-4 and c-r2-on-3): 4 within the noise of 5, 3 slower, and 7
         // far faster than all of them.
         let h100 = [(3, 18.09), (4, 15.27), (5, 15.68), (6, 12.44), (7, 9.9)];
@@ -958,7 +958,7 @@ mod tests {
         );
         assert_eq!(s(7), None, "95.5% leaves the CPU less than 5%");
         assert_eq!(s(-30), None);
-        // R1's hosts (h200-session9/rowsplit.md): 70% fastest against the
+        // R1's hosts (CHANGELOG.md, session 9): 70% fastest against the
         // model's 75-78%. The climb steps by 5% (78, 73, 68, 63), then tries
         // 2.5% either side of 68%, and 5% either side of the faster 70.5%.
         let ms = rows_only(|f| 46.0 + 400.0 * (f - 0.70) * (f - 0.70));
@@ -972,8 +972,8 @@ mod tests {
 
     #[test]
     fn the_row_climb_reaches_far_below_the_models_share() {
-        // R1 at 2 GiB on an H200 host with patch 0042 (bench/results/
-        // session21): the cost model's 73%, fastest at 48%. Step times
+        // R1 at 2 GiB on an H200 host with patch 0042 (CHANGELOG.md,
+        // session 21): the cost model's 73%, fastest at 48%. Step times
         // (ms) fall 0.55 per point of share down to 48% (73%: 49.4) and
         // rise 0.3 per point below it (43%: 37.1), as measured.
         let h200 = |f: f64| {
@@ -1000,7 +1000,7 @@ mod tests {
 
     #[test]
     fn the_row_climb_crosses_a_plateau_within_the_margin() {
-        // R1 at 2 GiB on an H100 host (bench/results/session22, calls a
+        // R1 at 2 GiB on an H100 host (CHANGELOG.md, session 22, calls a
         // and b): the cost model's 59% and 54% measured 41.38 and 40.60 ms
         // (1.9% apart, within the margin) in one search, 41.47 and 41.53
         // in another, while 40% ran at ~35 ms. A climb from the share it
@@ -1050,7 +1050,7 @@ mod tests {
 
     #[test]
     fn a_row_search_tries_ffn_down_streamed_whole_after_its_climb() {
-        // R1 at 2 GiB on an H100 host (bench/results/session22, call i):
+        // R1 at 2 GiB on an H100 host (CHANGELOG.md, session 22, call i):
         // every weight split, fastest near 39-45%; ffn_down streamed whole
         // with 5-15% of up's and gate's rows on the GPU, 3-5% faster.
         let rows = |f: f64| 35.0 + 20.0 * (f - 0.39).abs();
@@ -1105,7 +1105,7 @@ mod tests {
 
     #[test]
     fn a_whole_climb_from_a_far_start_goes_on_while_it_gets_faster() {
-        // R1 at 2 GiB on an H200 host (bench/results/session23, call b, run
+        // R1 at 2 GiB on an H200 host (CHANGELOG.md, session 23, call b, run
         // 5): the row climb from the cost model's 73% stopped at 58%, which
         // measured 38.78 ms against its neighbours' 43-46 (noise), so the
         // settings with ffn_down whole started at 37.5% and got faster at
@@ -1148,7 +1148,7 @@ mod tests {
 
     #[test]
     fn a_whole_climb_tries_the_least_share_below_a_fastest_five_percent() {
-        // R1 at 2 GiB on an H200 host (bench/results/session24, call b, run
+        // R1 at 2 GiB on an H200 host (CHANGELOG.md, session 24, call b, run
         // 2): with ffn_down whole, 5% probed 28.56 ms and 10% 30.41, where
         // the search stopped at its least share then. Each unit of up and
         // gate on the GPU costs link time; below 5% is one unit, 2.5%.
@@ -1167,7 +1167,7 @@ mod tests {
     fn the_finalists_are_confirmed_alternately_on_a_drifting_host() {
         // A host that slows down as the search runs, 1.5% more per probe (on
         // an H200 host one setting's probes within one search read 32.48,
-        // 34.42 and 33.85 ms: bench/results/session23, call b). Every
+        // 34.42 and 33.85 ms: CHANGELOG.md, session 23, call b). Every
         // weight split is fastest at 39% (35 ms); ffn_down whole with 7.5%
         // of up and gate on the GPU is 4% faster (33.5 ms), yet its first
         // probe, a dozen probes later, reads slower.
@@ -1209,7 +1209,7 @@ mod tests {
 
     #[test]
     fn one_slow_confirming_probe_does_not_decide() {
-        // R1 at 2 GiB on an H200 host (bench/results/session23, call d, the
+        // R1 at 2 GiB on an H200 host (CHANGELOG.md, session 23, call d, the
         // search from 58%): the finalists 48% of every weight and 12.5% of
         // up and gate with ffn_down whole, each probe in the order
         // measured. The rows elsewhere are slower, and so are the other
@@ -1269,7 +1269,7 @@ mod tests {
         }
     }
 
-    /// R1 at 2 GiB on an H200 host (bench/results/session24, call b): every
+    /// R1 at 2 GiB on an H200 host (CHANGELOG.md, session 24, call b): every
     /// weight split fastest near 18%, ffn_down whole fastest at 5%.
     fn r1_h200(x: SplitSetting) -> f64 {
         match x {

@@ -95,7 +95,7 @@ pub struct Overheads {
     /// residual adds, a dozen small kernels each. 25 µs is the gap between
     /// predicted and measured decode of R1 with every weight resident on
     /// the H200 (3.04 against 3.83 ms per token over 32 layers,
-    /// bench/results/h200-session5).
+    /// CHANGELOG.md, session 5).
     #[serde(default = "default_layer_s")]
     pub layer_s: f64,
     /// How much longer the CPU's expert matmuls take in a hybrid split
@@ -103,13 +103,13 @@ pub struct Overheads {
     /// host memory for the GPU's part at the same time. On the H200 host the
     /// CPU's part of R2's split at 4 GiB took 1.2–1.5 times its samples for
     /// 2 to 5 experts per token (1.35 on average; the scheduler's timing,
-    /// bench/results/h200-session9/moe-decode.md), and with this factor the
+    /// CHANGELOG.md, session 9), and with this factor the
     /// cost model ranks the shares 3 to 6 as measured. The factor is the
     /// host's more than the model's: in session 12 one H200 host took 1.07
     /// times (share 4 then decoded 5-13% faster than 5) and another 1.5-1.6
     /// (share 5 6-17% faster than 4); 1.35 chooses share 5, faster than or
     /// as fast as share 4 on three of the four hosts measured so far
-    /// (h200-session12/moe-decode2.md).
+    /// (CHANGELOG.md, session 12).
     #[serde(default = "default_cpu_contention")]
     pub hybrid_cpu_contention: f64,
     /// Seconds per entry of the attention mask (a ubatch's tokens x the KV
@@ -118,11 +118,11 @@ pub struct Overheads {
     /// previous one, but the first one's is exposed: a prompt in one ubatch
     /// of 4096 waits for 16.8M entries, two of 2048 for 4.2M. On the H200
     /// upstream's full-GPU pp4096 of R1 is 22 ms slower at ub 4096 than at
-    /// ub 2048 where the samples predict it 4 ms faster (h200-session9
-    /// s9d): 26 ms for 12.6M entries, about 2 ns each. Patch 0032 fills
+    /// ub 2048 where the samples predict it 4 ms faster (CHANGELOG.md,
+    /// session 9): 26 ms for 12.6M entries, about 2 ns each. Patch 0032 fills
     /// the mask without a cell lookup per entry: on the H200 host the
     /// full-GPU prompt of R2 in one ubatch of 4096 took 0.302 s with it
-    /// against 0.339 s without (h200-session13/r2-prefill.md), and the
+    /// against 0.339 s without (CHANGELOG.md, session 13), and the
     /// host's step before the graph that holds the fill went from 83 to
     /// 8 ms in a CUPTI trace; 0.3 ns per entry (5 ms for 16.8M) is an upper
     /// bound of what is left.
@@ -133,7 +133,7 @@ pub struct Overheads {
     /// are copied once the last one is done, then its first split starts.
     /// On the H200, R1's prompt at ub 1024 with every weight resident left
     /// the device idle 1.5-2.2 ms at each boundary (1.8 on average, a
-    /// CUPTI trace, h200-session12/prefill-overlap), and as much with
+    /// CUPTI trace, CHANGELOG.md, session 12), and as much with
     /// weights streamed once the scheduler stopped waiting there (patch
     /// 0030).
     #[serde(default = "default_ubatch_s")]
@@ -146,7 +146,7 @@ pub struct Overheads {
     /// R1 (32 layers: 21 ms to enter with 3 ms of copies, and a second
     /// step 14 ms slower than the others) and 72-80 ms for R2 (48 layers:
     /// 40-51 ms to enter with 8 ms of copies, and two steps 15-20 ms
-    /// slower each), h200-session14.
+    /// slower each), CHANGELOG.md, session 14.
     #[serde(default = "default_decode_tier_layer_s")]
     pub decode_tier_layer_s: f64,
 }
@@ -539,7 +539,7 @@ impl<'a> CostModel<'a> {
     /// cache, synchronously. Only small batches, whose projections run on
     /// the CPU, attend on the CPU. (Priced on the CPU, a 16k-token prompt
     /// of R1 with half its KV cache in host memory was predicted at 62 s
-    /// and took 3.2 s on the H200, bench/results/h200-session7/z6.)
+    /// and took 3.2 s on the H200, CHANGELOG.md, session 7)
     pub fn attention_seconds(&self, layer: u32, n: u64, n_kv: u64, kv_on_gpu: bool) -> f64 {
         self.attention(layer, n, n_kv, kv_on_gpu).0
     }
@@ -548,7 +548,7 @@ impl<'a> CostModel<'a> {
     /// of host KV cells holds the link: it shares the link with streamed
     /// weights, so it cannot hide behind their copies (R1's exact plan at
     /// 2 GiB with 28 of 32 KV layers in host memory decoded 8.5 tok/s where
-    /// pricing the copy as free of the link predicted 17, h200-session8).
+    /// pricing the copy as free of the link predicted 17, CHANGELOG.md, session 8).
     pub fn attention(&self, layer: u32, n: u64, n_kv: u64, kv_on_gpu: bool) -> (f64, f64) {
         let n_head = self.model.n_head.get(layer as usize).copied().unwrap_or(0) as u64;
         if n_head == 0 {

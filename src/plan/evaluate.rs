@@ -136,7 +136,7 @@ impl Evaluator {
         // split between the CPU and the GPU: 39 tok/s in total for R2's
         // four clients, experts on the CPU: 33-36, the router and K/V
         // projections on the CPU: 33, against 57-61 with every weight
-        // streamed; h200-session8/server-perf.md): their CPU parts run
+        // streamed; CHANGELOG.md, session 8): their CPU parts run
         // between the GPU's ops for several tokens, not beside them.
         let execs_by_tier: Vec<Vec<Exec>> = tiers
             .iter()
@@ -280,7 +280,7 @@ impl Evaluator {
         // and streams: on the H200, R2's 4-token step with the routers
         // resident took 88 ms and copied twice the bytes (the expert copies
         // evidently no longer all routed), against 42-45 ms with them
-        // streamed, the plan otherwise the same (h200-session11/slot-tier).
+        // streamed, the plan otherwise the same (CHANGELOG.md, session 11).
         let routers_stream = par > 1 && cm.routed_max_tokens >= par;
         let host_only = tensors
             .iter()
@@ -374,7 +374,7 @@ impl Evaluator {
     /// of serial work, `C` of them on the CPU, the serial work runs at
     /// `q = S / (C / r + S - C)` while the `L` seconds of copies run, and
     /// the step takes `max(L, S + (1 - q) L)`. Measured on the H200 host (R1
-    /// at 2 GiB, h200-session9/rowsplit): 19.7 tok/s with 63% of the rows on
+    /// at 2 GiB, CHANGELOG.md, session 9): 19.7 tok/s with 63% of the rows on
     /// the GPU, 21.5-22.3 with 70-75%, 19.1-19.6 with 78-80%.
     fn split_step(&self, compute: f64, link: f64, sums: &SplitSums) -> (f64, f64) {
         let unsplit = (compute + sums.alone.0).max(link + sums.alone.1);

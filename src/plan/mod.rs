@@ -608,7 +608,7 @@ pub fn compute_bytes(model: &ModelInfo, u: u64, streamed_layer_bytes: u64) -> u6
     // Expert matmuls hold per-(token, expert) rows: the routed inputs and
     // outputs in the compute buffer, and gathered copies in ggml-cuda's pool.
     // The factor is calibrated on the H200 measurements in
-    // bench/results/h200-foundation (R2 at ubatch 4096 peaked ~1.6 GiB above
+    // CHANGELOG.md, sessions 1-3 (R2 at ubatch 4096 peaked ~1.6 GiB above
     // an estimate without this term); a dry-run measurement replaces it later.
     let moe = if model.n_expert > 0 {
         u * 4 * model.n_expert_used as u64 * 5 * (model.n_embd + model.n_ff_exp.unwrap_or(0))

@@ -17,7 +17,7 @@ use crate::profile::MachineProfile;
 const SLOT_ALIGN: u64 = 128;
 
 /// Extra device memory a streaming context uses beyond llama.cpp's own
-/// reservation, in slots (bench/results/h200-streaming: peaks 94 MiB and
+/// reservation, in slots (CHANGELOG.md, sessions 1-3: peaks 94 MiB and
 /// 262 MiB above the reservation with 31.5 MiB and 108 MiB slots, against
 /// 16 and 34 MiB for the same plans with synchronous copies).
 const STREAM_OVERHEAD_SLOTS: u64 = 3;
@@ -28,7 +28,7 @@ const STREAM_OVERHEAD_SLOTS: u64 = 3;
 /// per-op samples, which miss what a whole graph loses at a large ubatch:
 /// on the H200, upstream's full-GPU pp4096 at ub 4096 is 7% (R1) and 11%
 /// (R2) slower than at ub 2048, where the samples predict it 1% faster
-/// (h200-session9). A smaller ubatch also leaves its compute buffer's
+/// (CHANGELOG.md, session 9). A smaller ubatch also leaves its compute buffer's
 /// difference to weights.
 const LARGER_UBATCH_MARGIN: f64 = 0.03;
 
@@ -116,7 +116,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
     // a layer whose cache is in host memory a CPU layer, whose small
     // tensors (norms) stay in host memory and whose ops on them run on the
     // CPU for small batches. R1's exact plan with its KV in host memory
-    // diverged from the full-GPU output at token 11 (h200-session9, s9e).
+    // diverged from the full-GPU output at token 11 (CHANGELOG.md, session 9).
     let kv_steps: Vec<u32> = if let Some(l) = req.kv_gpu_layers {
         vec![l.min(model.n_layer)]
     } else if req.exact {
@@ -318,7 +318,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
 /// computes it there: its own share, which the decode tuner leaves as it
 /// is, in parts of a streaming slot each. Measured on an H200 host (R1 at 2
 /// GiB from saved plans, ffn_down streamed whole, 5% of up and gate on the
-/// GPU, interleaved three times; bench/results/session23, call a): 24.4,
+/// GPU, interleaved three times; CHANGELOG.md, session 23, call a): 24.4,
 /// 32.8, 30.2 tok/s with 30.6% of its rows on the GPU (the cost model's
 /// share, what the slots hold), 29.4, 28.9, 30.9 with 20%, against 24.5,
 /// 28.8, 29.0 unsplit.
@@ -362,7 +362,7 @@ const HOST_MARGIN: u64 = 2 << 30;
 /// row split) get repacked CPU copies (patch 0039): only where it computes
 /// some, and where host memory holds the copies beside the host weights
 /// with [`HOST_MARGIN`] to spare. The CPU's repacked kernels ran its share
-/// of an R2 layer's experts 1.3-1.7x as fast (`bench/results/session17/`).
+/// of an R2 layer's experts 1.3-1.7x as fast (CHANGELOG.md, session 17).
 fn cpu_weight_copies(req: &PlanRequest, plan: &Plan) -> bool {
     if !req.cpu_copies || plan.exact || (plan.hybrid_gpu_experts == 0 && plan.row_split_share <= 0.0) {
         return false;

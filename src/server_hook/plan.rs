@@ -203,7 +203,7 @@ fn slots_workload(cp: &ContextParams) -> Workload {
 /// whose prompt finished first decodes one token per prompt chunk of the
 /// others, each a full ubatch that streams every host weight (R2 at 4 GiB:
 /// ~0.3 s apiece), so its decode waits behind the other slots' prompts
-/// (~1 s with four 4096-token prompts, h200-session8/server-perf.md). The
+/// (~1 s with four 4096-token prompts, CHANGELOG.md, session 8). The
 /// ubatches themselves, and so the plan's tiers and its compute memory, do
 /// not change: only how many of them one batch holds.
 fn slots_batch(cp: &ContextParams) -> u32 {
