@@ -725,15 +725,15 @@ fn all_presets() -> Vec<ArchPreset> {
         n_head: 4,
         n_head_kv: 4,
         head_dim: 96,
-        n_vocab: 1024,
+        n_vocab: 1280,
         n_ctx_train: 4096,
         n_expert: 16,
         n_expert_used: 4,
         n_ff_exp: 128,
         tokenizer: TokenizerSpec {
             kind: TokenizerKind::Llama3,
-            n_vocab: 1024,
-            first_special: 768,
+            n_vocab: 1280,
+            first_special: 1024,
         },
         family: Family::Deepseek2(Mla {
             kv_lora_rank: 64,
