@@ -426,3 +426,58 @@ fn plan_and_run_under_a_budget_and_one_server_request() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The real presets' GGUF header (metadata, vocabulary, tensor shapes at
+/// `quant`) over a sparse file of the full size: what llama.cpp's loader
+/// checks without reading weights.
+fn sparse_model(dir: &Path, preset: &str, quant: Quant) -> PathBuf {
+    let p = synth::by_name(preset).unwrap();
+    let mut w = pipeshard::gguf::GgufWriter::new();
+    let vocab = synth::tokenizer::build(&p.tokenizer).unwrap();
+    let kv = p.metadata().into_iter().chain([
+        ("general.file_type".to_string(), quant.file_type().into()),
+        ("general.quantization_version".to_string(), 2u32.into()),
+    ]);
+    for (k, v) in kv.chain(vocab.metadata()) {
+        w.add_kv(k, v).unwrap();
+    }
+    let mut data_end = 0;
+    for (name, ty, dims) in synth::planned_tensors(&p, quant) {
+        let t = w.add_tensor(name, ty, &dims).unwrap();
+        data_end = data_end.max(t.offset + t.nbytes);
+    }
+    let mut header = Vec::new();
+    drop(w.start(&mut header).unwrap());
+    let path = dir.join(format!("{preset}.gguf"));
+    std::fs::write(&path, &header).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(header.len() as u64 + data_end).unwrap();
+    path
+}
+
+#[test]
+fn the_real_presets_load_in_the_pinned_llama_cpp() {
+    pipeshard::engine::init(None).unwrap();
+    let dir = common::scratch_dir("models-2026-real");
+    for preset in TINY.map(|t| &t[5..]) {
+        let p = synth::by_name(preset).unwrap();
+        let path = sparse_model(&dir, preset, Quant::Q4_K_M);
+        // every tensor's shape and every key the loader reads, no weights
+        let model = Model::load(
+            &path,
+            ModelParams {
+                n_gpu_layers: 0,
+                use_mmap: false,
+                no_alloc: true,
+                ..Default::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{preset}: {e}"));
+        assert_eq!(model.n_layer(), p.n_layer as i32, "{preset}");
+        assert_eq!(model.n_embd(), p.n_embd as i32, "{preset}");
+        assert_eq!(model.n_vocab(), p.n_vocab as i32, "{preset}");
+        assert_eq!(model.n_params(), p.n_params(), "{preset}");
+        let _ = std::fs::remove_file(&path);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
