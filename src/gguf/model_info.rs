@@ -316,6 +316,12 @@ pub struct ModelInfo {
     pub head_dim_k: u64,
     /// `{arch}.attention.value_length` (default `n_embd / n_head`).
     pub head_dim_v: u64,
+    /// `{arch}.attention.key_length_swa` / `value_length_swa`: the K and V
+    /// head sizes of sliding-window layers (Gemma 4), where they differ.
+    pub head_dim_swa: Option<(u64, u64)>,
+    /// Layers from this index on hold no KV cache of their own (they read
+    /// an earlier layer's: `{arch}.attention.shared_kv_layers`, Gemma 4).
+    pub kv_layers_end: u32,
     /// `{arch}.context_length`, if present.
     pub n_ctx_train: Option<u64>,
     /// Vocabulary size: `{arch}.vocab_size`, else the token list length,
@@ -536,6 +542,12 @@ impl ModelInfo {
         let n_embd_s = d_state * d_inner;
         let mla = f.get(&key("attention.kv_lora_rank")).is_some() && f.get(&key("attention.key_length_mla")).is_some();
 
+        let head_dim_swa = f
+            .get_u64(&key("attention.key_length_swa"))
+            .map(|k| (k, f.get_u64(&key("attention.value_length_swa")).unwrap_or(k)));
+        let shared_kv = f.get_u64(&key("attention.shared_kv_layers")).unwrap_or(0);
+        let kv_layers_end = n_layer.saturating_sub(u32::try_from(shared_kv).unwrap_or(u32::MAX));
+
         Ok(ModelInfo {
             name: f.get_str("general.name").map(str::to_owned),
             n_layer,
@@ -545,6 +557,8 @@ impl ModelInfo {
             n_head_kv,
             head_dim_k,
             head_dim_v,
+            head_dim_swa,
+            kv_layers_end,
             n_ctx_train: f.get_u64(&key("context_length")),
             n_vocab,
             n_expert,
@@ -577,14 +591,29 @@ impl ModelInfo {
         Ok(self.n_head_kv[self.check_layer(layer)?])
     }
 
+    /// K and V head sizes of `layer`: a sliding-window layer's own where
+    /// the model has them (`n_embd_head_k(il)` in `llama-hparams.cpp`).
+    fn head_dims(&self, layer: u32) -> (u64, u64) {
+        match self.head_dim_swa {
+            Some(swa) if self.is_swa(layer) => swa,
+            _ => (self.head_dim_k, self.head_dim_v),
+        }
+    }
+
     /// Width of one token's K row in `layer` (`key_length * n_head_kv`).
     pub fn n_embd_k_gqa(&self, layer: u32) -> Result<u64, ModelInfoError> {
-        Ok(self.head_dim_k * u64::from(self.n_head_kv(layer)?))
+        Ok(self.head_dims(layer).0 * u64::from(self.n_head_kv(layer)?))
     }
 
     /// Width of one token's V row in `layer` (`value_length * n_head_kv`).
     pub fn n_embd_v_gqa(&self, layer: u32) -> Result<u64, ModelInfoError> {
-        Ok(self.head_dim_v * u64::from(self.n_head_kv(layer)?))
+        Ok(self.head_dims(layer).1 * u64::from(self.n_head_kv(layer)?))
+    }
+
+    /// Whether `layer` keeps a KV cache of its own (`has_kv`): not a
+    /// recurrent layer, nor one reading an earlier layer's cache.
+    pub fn has_kv(&self, layer: u32) -> bool {
+        layer < self.kv_layers_end && !self.is_recurrent(layer)
     }
 
     /// KV-cache bytes one token takes in `layer` with the given cache types:
@@ -592,7 +621,9 @@ impl ModelInfo {
     /// the K row alone with MLA, and nothing in a recurrent layer.
     pub fn kv_bytes_per_token(&self, layer: u32, type_k: GgmlType, type_v: GgmlType) -> Result<u64, ModelInfoError> {
         let kv_err = |source| ModelInfoError::KvRow { layer, source };
-        if self.is_recurrent(layer) {
+        if !self.has_kv(layer) {
+            // checked like any other layer
+            self.check_layer(layer)?;
             return Ok(0);
         }
         let k = row_size(type_k, self.n_embd_k_gqa(layer)?).map_err(kv_err)?;
@@ -854,6 +885,36 @@ mod tests {
         });
         assert_eq!(ModelInfo::from_gguf(&f).unwrap().swa_layers, vec![true, true]);
         assert_eq!(swa_pattern(6, 7), vec![true, true, true, true, true, false, true]);
+    }
+
+    #[test]
+    fn window_layers_head_sizes_and_shared_kv_layers() {
+        // Gemma 4's layout: wider heads in the global layers, the last
+        // layers reading an earlier layer's cache.
+        let f = file(|w| {
+            base(w);
+            w.add_kv("llama.attention.head_count_kv", 2u32).unwrap();
+            w.add_kv("llama.attention.key_length", 32u32).unwrap();
+            w.add_kv("llama.attention.value_length", 32u32).unwrap();
+            w.add_kv("llama.attention.key_length_swa", 16u32).unwrap();
+            w.add_kv("llama.attention.value_length_swa", 16u32).unwrap();
+            w.add_kv("llama.attention.sliding_window", 512u32).unwrap();
+            w.add_kv(
+                "llama.attention.sliding_window_pattern",
+                GgufArray::Bool(vec![false, true]),
+            )
+            .unwrap();
+            w.add_kv("llama.attention.shared_kv_layers", 1u32).unwrap();
+        });
+        let m = ModelInfo::from_gguf(&f).unwrap();
+        assert_eq!(m.head_dim_swa, Some((16, 16)));
+        assert_eq!(m.n_embd_k_gqa(0), Ok(64));
+        assert_eq!(m.n_embd_v_gqa(1), Ok(32));
+        let kv = |l| m.kv_bytes_per_token(l, GgmlType::F16, GgmlType::F16);
+        assert_eq!(kv(0), Ok(2 * 2 * 64));
+        assert!(m.has_kv(0) && !m.has_kv(1));
+        assert_eq!(kv(1), Ok(0));
+        assert!(matches!(kv(2), Err(ModelInfoError::LayerOutOfRange { .. })));
     }
 
     #[test]
