@@ -548,6 +548,30 @@ impl ModelInfo {
         let shared_kv = f.get_u64(&key("attention.shared_kv_layers")).unwrap_or(0);
         let kv_layers_end = n_layer.saturating_sub(u32::try_from(shared_kv).unwrap_or(u32::MAX));
 
+        // Next-token-prediction layers (GLM-4.5, Qwen3.5, DeepSeek) follow
+        // the trunk in block_count; llama.cpp loads and runs them only for
+        // an MTP draft, so the plan is of the trunk.
+        let k_nextn = key("nextn_predict_layers");
+        let nextn = f.get_u64(&k_nextn).unwrap_or(0);
+        if nextn >= u64::from(n_layer) {
+            return Err(ModelInfoError::BadValue {
+                path,
+                key: k_nextn,
+                problem: format!("is {nextn}, which leaves none of the {n_layer} layers"),
+            });
+        }
+        let n_layer = n_layer - nextn as u32;
+        let trunk = n_layer as usize;
+        let (mut n_head, mut n_head_kv, mut n_ff) = (n_head, n_head_kv, n_ff);
+        let (mut swa_layers, mut recurrent_layers, mut tensors) = (swa_layers, recurrent_layers, tensors);
+        n_head.truncate(trunk);
+        n_head_kv.truncate(trunk);
+        n_ff.truncate(trunk);
+        swa_layers.truncate(trunk);
+        recurrent_layers.truncate(trunk);
+        tensors.retain(|t| t.layer.map_or(true, |l| l < n_layer));
+        let kv_layers_end = kv_layers_end.min(n_layer);
+
         Ok(ModelInfo {
             name: f.get_str("general.name").map(str::to_owned),
             n_layer,
@@ -915,6 +939,34 @@ mod tests {
         assert!(m.has_kv(0) && !m.has_kv(1));
         assert_eq!(kv(1), Ok(0));
         assert!(matches!(kv(2), Err(ModelInfoError::LayerOutOfRange { .. })));
+    }
+
+    #[test]
+    fn next_token_prediction_layers_are_not_planned() {
+        let f = file(|w| {
+            base(w);
+            w.add_kv("llama.nextn_predict_layers", 1u32).unwrap();
+            w.add_kv("llama.attention.head_count_kv", GgufArray::I32(vec![2, 1]))
+                .unwrap();
+            w.add_tensor("blk.0.attn_q.weight", GgmlType::F16, &[64, 64]).unwrap();
+            w.add_tensor("blk.1.attn_q.weight", GgmlType::F16, &[64, 64]).unwrap();
+            w.add_tensor("blk.1.nextn.eh_proj.weight", GgmlType::F16, &[128, 64])
+                .unwrap();
+        });
+        let m = ModelInfo::from_gguf(&f).unwrap();
+        assert_eq!(m.n_layer, 1);
+        assert_eq!(m.n_head_kv, vec![2]);
+        assert_eq!(m.swa_layers.len(), 1);
+        let names: Vec<&str> = m.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["blk.0.attn_q.weight"]);
+        let f = file(|w| {
+            base(w);
+            w.add_kv("llama.nextn_predict_layers", 2u32).unwrap();
+        });
+        assert!(matches!(
+            ModelInfo::from_gguf(&f),
+            Err(ModelInfoError::BadValue { key, .. }) if key == "llama.nextn_predict_layers"
+        ));
     }
 
     #[test]
