@@ -100,6 +100,47 @@ pub enum TensorRole {
     SharedExpertUp,
     /// `ffn_down_shexp`.
     SharedExpertDown,
+    /// `post_attention_norm`: norm after attention (Gemma, gpt-oss, GLM,
+    /// Qwen3.5: before the FFN).
+    AttnPostNorm,
+    /// `post_ffw_norm`: norm after the FFN (Gemma).
+    FfnPostNorm,
+    /// `attn_sinks`: per-head attention sink logits (gpt-oss).
+    AttnSinks,
+    /// `attn_gate`: output gate of a Gated-DeltaNet layer (Qwen3.5).
+    AttnGate,
+    /// `attn_q_a`: MLA's compressed Q projection (DeepSeek).
+    AttnQA,
+    /// `attn_q_b`: MLA's Q decompression.
+    AttnQB,
+    /// `attn_q_a_norm`: norm of the compressed Q.
+    AttnQANorm,
+    /// `attn_kv_a_mqa`: MLA's compressed KV (and rotary K) projection.
+    AttnKvA,
+    /// `attn_kv_a_norm`: norm of the compressed KV.
+    AttnKvANorm,
+    /// `attn_kv_b`: MLA's joint K/V decompression (older files).
+    AttnKvB,
+    /// `attn_k_b`: MLA's per-head K decompression, absorbed into Q.
+    AttnKB,
+    /// `attn_v_b`: MLA's per-head V decompression.
+    AttnVB,
+    /// `exp_probs_b`: the router's expert-selection bias.
+    MoeSelectionBias,
+    /// `ssm_conv1d`: a recurrent layer's short convolution kernel.
+    SsmConv,
+    /// `ssm_dt`: time-step bias.
+    SsmDt,
+    /// `ssm_a`: state decay.
+    SsmA,
+    /// `ssm_beta`: Gated-DeltaNet write-strength projection.
+    SsmBeta,
+    /// `ssm_alpha`: Gated-DeltaNet decay projection.
+    SsmAlpha,
+    /// `ssm_norm`: gated output norm.
+    SsmNorm,
+    /// `ssm_out`: a recurrent layer's output projection.
+    SsmOut,
     /// Anything else.
     Other,
 }
@@ -111,7 +152,8 @@ impl TensorRole {
             Some((_, rest)) => rest,
             None => name,
         };
-        // strip the trailing `.weight` / `.bias` / other suffix
+        // strip the trailing `.weight` / `.bias` / other suffix (`ssm_a`
+        // has none)
         let base = base.rsplit_once('.').map_or(base, |(b, _)| b);
         match base {
             "token_embd" => TensorRole::TokenEmbd,
@@ -137,6 +179,26 @@ impl TensorRole {
             "ffn_gate_shexp" => TensorRole::SharedExpertGate,
             "ffn_up_shexp" => TensorRole::SharedExpertUp,
             "ffn_down_shexp" => TensorRole::SharedExpertDown,
+            "post_attention_norm" => TensorRole::AttnPostNorm,
+            "post_ffw_norm" => TensorRole::FfnPostNorm,
+            "attn_sinks" => TensorRole::AttnSinks,
+            "attn_gate" => TensorRole::AttnGate,
+            "attn_q_a" => TensorRole::AttnQA,
+            "attn_q_b" => TensorRole::AttnQB,
+            "attn_q_a_norm" => TensorRole::AttnQANorm,
+            "attn_kv_a_mqa" => TensorRole::AttnKvA,
+            "attn_kv_a_norm" => TensorRole::AttnKvANorm,
+            "attn_kv_b" => TensorRole::AttnKvB,
+            "attn_k_b" => TensorRole::AttnKB,
+            "attn_v_b" => TensorRole::AttnVB,
+            "exp_probs_b" => TensorRole::MoeSelectionBias,
+            "ssm_conv1d" => TensorRole::SsmConv,
+            "ssm_dt" => TensorRole::SsmDt,
+            "ssm_a" => TensorRole::SsmA,
+            "ssm_beta" => TensorRole::SsmBeta,
+            "ssm_alpha" => TensorRole::SsmAlpha,
+            "ssm_norm" => TensorRole::SsmNorm,
+            "ssm_out" => TensorRole::SsmOut,
             _ => TensorRole::Other,
         }
     }
@@ -147,6 +209,26 @@ impl TensorRole {
             self,
             TensorRole::MoeGateExps | TensorRole::MoeUpExps | TensorRole::MoeDownExps
         )
+    }
+
+    /// Whether this belongs to a recurrent (state-space or Gated-DeltaNet)
+    /// layer's mixer.
+    pub fn is_recurrent(self) -> bool {
+        matches!(
+            self,
+            TensorRole::SsmConv
+                | TensorRole::SsmDt
+                | TensorRole::SsmA
+                | TensorRole::SsmBeta
+                | TensorRole::SsmAlpha
+                | TensorRole::SsmNorm
+                | TensorRole::SsmOut
+        )
+    }
+
+    /// Whether the planner knows what this tensor does.
+    pub fn is_known(self) -> bool {
+        self != TensorRole::Other
     }
 
     /// Whether this belongs to a shared expert.
@@ -234,6 +316,12 @@ pub struct ModelInfo {
     pub head_dim_k: u64,
     /// `{arch}.attention.value_length` (default `n_embd / n_head`).
     pub head_dim_v: u64,
+    /// `{arch}.attention.key_length_swa` / `value_length_swa`: the K and V
+    /// head sizes of sliding-window layers (Gemma 4), where they differ.
+    pub head_dim_swa: Option<(u64, u64)>,
+    /// Layers from this index on hold no KV cache of their own (they read
+    /// an earlier layer's: `{arch}.attention.shared_kv_layers`, Gemma 4).
+    pub kv_layers_end: u32,
     /// `{arch}.context_length`, if present.
     pub n_ctx_train: Option<u64>,
     /// Vocabulary size: `{arch}.vocab_size`, else the token list length,
@@ -252,6 +340,17 @@ pub struct ModelInfo {
     pub sliding_window: Option<u64>,
     /// Per layer: whether the layer uses sliding-window attention.
     pub swa_layers: Vec<bool>,
+    /// Per layer: whether the layer is recurrent (it has `ssm_*` tensors):
+    /// it keeps a fixed state per sequence instead of a KV cache.
+    pub recurrent_layers: Vec<bool>,
+    /// Bytes of one sequence's recurrent state in one recurrent layer: the
+    /// convolution and SSM states (`n_embd_r` + `n_embd_s` in
+    /// `llama-hparams.cpp`), F32 as `llama_memory_recurrent` keeps them.
+    pub recurrent_state_bytes: u64,
+    /// Multi-head latent attention (`attention.kv_lora_rank` with
+    /// `key_length_mla`): the cache holds the compressed K row only, and V
+    /// is a view of it.
+    pub mla: bool,
     /// All tensors, in file order.
     pub tensors: Vec<ModelTensor>,
 }
@@ -300,6 +399,7 @@ fn default_swa_pattern(arch: &str) -> Option<u32> {
     match arch {
         "gemma2" => Some(2),
         "gemma3" => Some(6),
+        "gpt-oss" => Some(2),
         "cohere2" => Some(4),
         _ => None,
     }
@@ -428,6 +528,50 @@ impl ModelInfo {
             },
         };
 
+        let recurrent_layers: Vec<bool> = (0..n_layer)
+            .map(|l| tensors.iter().any(|t| t.layer == Some(l) && t.role.is_recurrent()))
+            .collect();
+        let ssm = |k: &str| f.get_u64(&key(&format!("ssm.{k}"))).unwrap_or(0);
+        let (d_conv, d_inner, d_state, n_group) = (
+            ssm("conv_kernel"),
+            ssm("inner_size"),
+            ssm("state_size"),
+            ssm("group_count"),
+        );
+        let n_embd_r = d_conv.saturating_sub(1) * (d_inner + 2 * n_group * d_state);
+        let n_embd_s = d_state * d_inner;
+        let mla = f.get(&key("attention.kv_lora_rank")).is_some() && f.get(&key("attention.key_length_mla")).is_some();
+
+        let head_dim_swa = f
+            .get_u64(&key("attention.key_length_swa"))
+            .map(|k| (k, f.get_u64(&key("attention.value_length_swa")).unwrap_or(k)));
+        let shared_kv = f.get_u64(&key("attention.shared_kv_layers")).unwrap_or(0);
+        let kv_layers_end = n_layer.saturating_sub(u32::try_from(shared_kv).unwrap_or(u32::MAX));
+
+        // Next-token-prediction layers (GLM-4.5, Qwen3.5, DeepSeek) follow
+        // the trunk in block_count; llama.cpp loads and runs them only for
+        // an MTP draft, so the plan is of the trunk.
+        let k_nextn = key("nextn_predict_layers");
+        let nextn = f.get_u64(&k_nextn).unwrap_or(0);
+        if nextn >= u64::from(n_layer) {
+            return Err(ModelInfoError::BadValue {
+                path,
+                key: k_nextn,
+                problem: format!("is {nextn}, which leaves none of the {n_layer} layers"),
+            });
+        }
+        let n_layer = n_layer - nextn as u32;
+        let trunk = n_layer as usize;
+        let (mut n_head, mut n_head_kv, mut n_ff) = (n_head, n_head_kv, n_ff);
+        let (mut swa_layers, mut recurrent_layers, mut tensors) = (swa_layers, recurrent_layers, tensors);
+        n_head.truncate(trunk);
+        n_head_kv.truncate(trunk);
+        n_ff.truncate(trunk);
+        swa_layers.truncate(trunk);
+        recurrent_layers.truncate(trunk);
+        tensors.retain(|t| t.layer.map_or(true, |l| l < n_layer));
+        let kv_layers_end = kv_layers_end.min(n_layer);
+
         Ok(ModelInfo {
             name: f.get_str("general.name").map(str::to_owned),
             n_layer,
@@ -437,6 +581,8 @@ impl ModelInfo {
             n_head_kv,
             head_dim_k,
             head_dim_v,
+            head_dim_swa,
+            kv_layers_end,
             n_ctx_train: f.get_u64(&key("context_length")),
             n_vocab,
             n_expert,
@@ -445,6 +591,9 @@ impl ModelInfo {
             n_ff_exp: f.get_u64(&key("expert_feed_forward_length")),
             sliding_window,
             swa_layers,
+            recurrent_layers,
+            recurrent_state_bytes: 4 * (n_embd_r + n_embd_s),
+            mla,
             tensors,
             architecture: arch,
         })
@@ -466,22 +615,47 @@ impl ModelInfo {
         Ok(self.n_head_kv[self.check_layer(layer)?])
     }
 
+    /// K and V head sizes of `layer`: a sliding-window layer's own where
+    /// the model has them (`n_embd_head_k(il)` in `llama-hparams.cpp`).
+    fn head_dims(&self, layer: u32) -> (u64, u64) {
+        match self.head_dim_swa {
+            Some(swa) if self.is_swa(layer) => swa,
+            _ => (self.head_dim_k, self.head_dim_v),
+        }
+    }
+
     /// Width of one token's K row in `layer` (`key_length * n_head_kv`).
     pub fn n_embd_k_gqa(&self, layer: u32) -> Result<u64, ModelInfoError> {
-        Ok(self.head_dim_k * u64::from(self.n_head_kv(layer)?))
+        Ok(self.head_dims(layer).0 * u64::from(self.n_head_kv(layer)?))
     }
 
     /// Width of one token's V row in `layer` (`value_length * n_head_kv`).
     pub fn n_embd_v_gqa(&self, layer: u32) -> Result<u64, ModelInfoError> {
-        Ok(self.head_dim_v * u64::from(self.n_head_kv(layer)?))
+        Ok(self.head_dims(layer).1 * u64::from(self.n_head_kv(layer)?))
+    }
+
+    /// Whether `layer` keeps a KV cache of its own (`has_kv`): not a
+    /// recurrent layer, nor one reading an earlier layer's cache.
+    pub fn has_kv(&self, layer: u32) -> bool {
+        layer < self.kv_layers_end && !self.is_recurrent(layer)
     }
 
     /// KV-cache bytes one token takes in `layer` with the given cache types:
-    /// `row_size(type_k, n_embd_k_gqa) + row_size(type_v, n_embd_v_gqa)`.
+    /// `row_size(type_k, n_embd_k_gqa) + row_size(type_v, n_embd_v_gqa)`;
+    /// the K row alone with MLA, and nothing in a recurrent layer.
     pub fn kv_bytes_per_token(&self, layer: u32, type_k: GgmlType, type_v: GgmlType) -> Result<u64, ModelInfoError> {
         let kv_err = |source| ModelInfoError::KvRow { layer, source };
+        if !self.has_kv(layer) {
+            // checked like any other layer
+            self.check_layer(layer)?;
+            return Ok(0);
+        }
         let k = row_size(type_k, self.n_embd_k_gqa(layer)?).map_err(kv_err)?;
-        let v = row_size(type_v, self.n_embd_v_gqa(layer)?).map_err(kv_err)?;
+        let v = if self.mla {
+            0
+        } else {
+            row_size(type_v, self.n_embd_v_gqa(layer)?).map_err(kv_err)?
+        };
         k.checked_add(v).ok_or(ModelInfoError::KvRow {
             layer,
             source: SizeError::Overflow,
@@ -491,6 +665,26 @@ impl ModelInfo {
     /// Whether `layer` uses sliding-window attention.
     pub fn is_swa(&self, layer: u32) -> bool {
         self.swa_layers.get(layer as usize).copied().unwrap_or(false)
+    }
+
+    /// Whether `layer` is recurrent (a fixed state instead of a KV cache).
+    pub fn is_recurrent(&self, layer: u32) -> bool {
+        self.recurrent_layers.get(layer as usize).copied().unwrap_or(false)
+    }
+
+    /// Bytes of `layer`'s recurrent state for `n_seq` sequences (0 for an
+    /// attention layer): fixed, whatever the context length.
+    pub fn state_bytes(&self, layer: u32, n_seq: u64) -> u64 {
+        if self.is_recurrent(layer) {
+            self.recurrent_state_bytes * n_seq.max(1)
+        } else {
+            0
+        }
+    }
+
+    /// The tensors the planner has no role for.
+    pub fn unknown_tensors(&self) -> impl Iterator<Item = &ModelTensor> {
+        self.tensors.iter().filter(|t| !t.role.is_known())
     }
 
     /// Whether the model has routed experts.
@@ -573,6 +767,27 @@ mod tests {
             ("blk.1.ffn_gate_shexp.weight", SharedExpertGate, Some(1)),
             ("blk.1.ffn_up_shexp.weight", SharedExpertUp, Some(1)),
             ("blk.1.ffn_down_shexp.weight", SharedExpertDown, Some(1)),
+            ("blk.1.post_attention_norm.weight", AttnPostNorm, Some(1)),
+            ("blk.1.post_ffw_norm.weight", FfnPostNorm, Some(1)),
+            ("blk.1.attn_sinks.weight", AttnSinks, Some(1)),
+            ("blk.1.attn_gate.weight", AttnGate, Some(1)),
+            ("blk.1.attn_q_a.weight", AttnQA, Some(1)),
+            ("blk.1.attn_q_b.weight", AttnQB, Some(1)),
+            ("blk.1.attn_q_a_norm.weight", AttnQANorm, Some(1)),
+            ("blk.1.attn_kv_a_mqa.weight", AttnKvA, Some(1)),
+            ("blk.1.attn_kv_a_norm.weight", AttnKvANorm, Some(1)),
+            ("blk.1.attn_kv_b.weight", AttnKvB, Some(1)),
+            ("blk.1.attn_k_b.weight", AttnKB, Some(1)),
+            ("blk.1.attn_v_b.weight", AttnVB, Some(1)),
+            ("blk.1.exp_probs_b.bias", MoeSelectionBias, Some(1)),
+            ("blk.1.ffn_gate_exps.bias", MoeGateExps, Some(1)),
+            ("blk.1.ssm_conv1d.weight", SsmConv, Some(1)),
+            ("blk.1.ssm_dt.bias", SsmDt, Some(1)),
+            ("blk.1.ssm_a", SsmA, Some(1)),
+            ("blk.1.ssm_beta.weight", SsmBeta, Some(1)),
+            ("blk.1.ssm_alpha.weight", SsmAlpha, Some(1)),
+            ("blk.1.ssm_norm.weight", SsmNorm, Some(1)),
+            ("blk.1.ssm_out.weight", SsmOut, Some(1)),
             ("rope_freqs.weight", Other, None),
             ("v.blk.0.attn_q.weight", Other, None),
             ("blk.x.attn_q.weight", Other, None),
@@ -694,6 +909,64 @@ mod tests {
         });
         assert_eq!(ModelInfo::from_gguf(&f).unwrap().swa_layers, vec![true, true]);
         assert_eq!(swa_pattern(6, 7), vec![true, true, true, true, true, false, true]);
+    }
+
+    #[test]
+    fn window_layers_head_sizes_and_shared_kv_layers() {
+        // Gemma 4's layout: wider heads in the global layers, the last
+        // layers reading an earlier layer's cache.
+        let f = file(|w| {
+            base(w);
+            w.add_kv("llama.attention.head_count_kv", 2u32).unwrap();
+            w.add_kv("llama.attention.key_length", 32u32).unwrap();
+            w.add_kv("llama.attention.value_length", 32u32).unwrap();
+            w.add_kv("llama.attention.key_length_swa", 16u32).unwrap();
+            w.add_kv("llama.attention.value_length_swa", 16u32).unwrap();
+            w.add_kv("llama.attention.sliding_window", 512u32).unwrap();
+            w.add_kv(
+                "llama.attention.sliding_window_pattern",
+                GgufArray::Bool(vec![false, true]),
+            )
+            .unwrap();
+            w.add_kv("llama.attention.shared_kv_layers", 1u32).unwrap();
+        });
+        let m = ModelInfo::from_gguf(&f).unwrap();
+        assert_eq!(m.head_dim_swa, Some((16, 16)));
+        assert_eq!(m.n_embd_k_gqa(0), Ok(64));
+        assert_eq!(m.n_embd_v_gqa(1), Ok(32));
+        let kv = |l| m.kv_bytes_per_token(l, GgmlType::F16, GgmlType::F16);
+        assert_eq!(kv(0), Ok(2 * 2 * 64));
+        assert!(m.has_kv(0) && !m.has_kv(1));
+        assert_eq!(kv(1), Ok(0));
+        assert!(matches!(kv(2), Err(ModelInfoError::LayerOutOfRange { .. })));
+    }
+
+    #[test]
+    fn next_token_prediction_layers_are_not_planned() {
+        let f = file(|w| {
+            base(w);
+            w.add_kv("llama.nextn_predict_layers", 1u32).unwrap();
+            w.add_kv("llama.attention.head_count_kv", GgufArray::I32(vec![2, 1]))
+                .unwrap();
+            w.add_tensor("blk.0.attn_q.weight", GgmlType::F16, &[64, 64]).unwrap();
+            w.add_tensor("blk.1.attn_q.weight", GgmlType::F16, &[64, 64]).unwrap();
+            w.add_tensor("blk.1.nextn.eh_proj.weight", GgmlType::F16, &[128, 64])
+                .unwrap();
+        });
+        let m = ModelInfo::from_gguf(&f).unwrap();
+        assert_eq!(m.n_layer, 1);
+        assert_eq!(m.n_head_kv, vec![2]);
+        assert_eq!(m.swa_layers.len(), 1);
+        let names: Vec<&str> = m.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["blk.0.attn_q.weight"]);
+        let f = file(|w| {
+            base(w);
+            w.add_kv("llama.nextn_predict_layers", 2u32).unwrap();
+        });
+        assert!(matches!(
+            ModelInfo::from_gguf(&f),
+            Err(ModelInfoError::BadValue { key, .. }) if key == "llama.nextn_predict_layers"
+        ));
     }
 
     #[test]

@@ -610,6 +610,10 @@ fn check_experts(f: &GgufFile, arch: &str, n_layer: u32) -> Result<(), HparamErr
     for t in f.tensors() {
         let role = TensorRole::from_name(&t.name);
         let n = match role {
+            // gpt-oss's expert biases hold one row per expert
+            TensorRole::MoeGateExps | TensorRole::MoeUpExps | TensorRole::MoeDownExps if t.name.ends_with(".bias") => {
+                t.dims.get(1).copied().unwrap_or(1)
+            }
             TensorRole::MoeGateExps | TensorRole::MoeUpExps | TensorRole::MoeDownExps => {
                 t.dims.get(2).copied().unwrap_or(1)
             }

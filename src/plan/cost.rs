@@ -209,10 +209,27 @@ pub struct CostModel<'a> {
     pub gpu_only: bool,
 }
 
+/// A tensor the planner has no role for stays resident with its layer up to
+/// this size, as the norms and biases do; a larger one is a host weight.
+pub const UNKNOWN_RESIDENT_MAX: u64 = 1 << 20;
+
 /// Whether a tensor is a matmul weight the planner places (as opposed to
-/// norms, biases and the input embedding, which are tiny or always on the CPU).
+/// norms, biases, sinks, a recurrent layer's convolution kernel and the
+/// input embedding, which are tiny or always on the CPU), or a tensor of no
+/// known role larger than [`UNKNOWN_RESIDENT_MAX`], which is placed in host
+/// memory ([`is_host_only`]).
 pub fn is_placeable(t: &ModelTensor) -> bool {
-    t.dims.len() >= 2 && !t.is_bias() && t.role != TensorRole::TokenEmbd && t.dims[1] > 1
+    if !t.role.is_known() {
+        return t.nbytes > UNKNOWN_RESIDENT_MAX;
+    }
+    t.dims.len() >= 2 && !t.is_bias() && !matches!(t.role, TensorRole::TokenEmbd | TensorRole::SsmConv) && t.dims[1] > 1
+}
+
+/// Whether a placeable tensor stays in host memory whatever the budget: one
+/// of no known role, whose op the planner cannot price; its consumer runs
+/// where llama.cpp puts it.
+pub fn is_host_only(t: &ModelTensor) -> bool {
+    !t.role.is_known()
 }
 
 impl<'a> CostModel<'a> {
@@ -503,6 +520,9 @@ impl<'a> CostModel<'a> {
             _ => self.op_seconds(t, n, Exec::Stream),
         };
         let c = self.op_seconds(t, n, Exec::Cpu);
+        if is_host_only(t) {
+            return (Exec::Cpu, c);
+        }
         if self.gpu_only || s < c {
             (Exec::Stream, s)
         } else {
@@ -553,6 +573,21 @@ impl<'a> CostModel<'a> {
         let n_head = self.model.n_head.get(layer as usize).copied().unwrap_or(0) as u64;
         if n_head == 0 {
             return (0.0, 0.0);
+        }
+        // A recurrent layer updates a fixed state (about a head's size in
+        // rows per head) instead of attending over the context, where the
+        // state lives: it is never copied per token.
+        if self.model.is_recurrent(layer) {
+            let state_rows = self.model.head_dim_k;
+            let device = if kv_on_gpu && self.profile.has_gpu() {
+                Device::Gpu
+            } else {
+                Device::Cpu
+            };
+            let s = self
+                .profile
+                .attention_seconds(device, self.model.head_dim_k, n_head, n, state_rows);
+            return (s, 0.0);
         }
         let n_kv = match (self.model.is_swa(layer), self.model.sliding_window) {
             (true, Some(w)) => n_kv.min(w),

@@ -21,7 +21,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::cost::{CostModel, Streaming};
+use super::cost::{is_host_only, CostModel, Streaming};
 use super::evaluate::Evaluator;
 use super::{planned_compute, Exec, Plan, PlanRequest};
 use crate::gguf::{ModelInfo, TensorRole};
@@ -118,7 +118,7 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
     let mut units: Vec<Vec<usize>> = Vec::new();
     for (k, &i) in ev.tensors.iter().enumerate() {
         let t = &model.tensors[i];
-        if resident[k] {
+        if resident[k] || is_host_only(t) {
             continue;
         }
         if let (true, Some(layer)) = (is_expert(t.role), t.layer) {

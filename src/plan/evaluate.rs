@@ -2,7 +2,7 @@
 //! configuration (ubatch size, KV layers) and a placement is then priced by
 //! table look-ups, so the optimizer can compare thousands of placements.
 
-use super::cost::{is_placeable, CostModel, Exec, SplitParts, Streaming};
+use super::cost::{is_host_only, is_placeable, CostModel, Exec, SplitParts, Streaming};
 use super::{tier_index, Plan, Prediction, SpeculationPrediction, Workload};
 use crate::gguf::{ModelInfo, ModelTensor, TensorRole};
 
@@ -284,7 +284,10 @@ impl Evaluator {
         let routers_stream = par > 1 && cm.routed_max_tokens >= par;
         let host_only = tensors
             .iter()
-            .map(|&i| routers_stream && model.tensors[i].role == TensorRole::MoeRouter)
+            .map(|&i| {
+                let t = &model.tensors[i];
+                (routers_stream && t.role == TensorRole::MoeRouter) || is_host_only(t)
+            })
             .collect();
         Evaluator {
             layer: tensors.iter().map(|&i| model.tensors[i].layer).collect(),

@@ -544,6 +544,28 @@ pub fn parse_bytes(s: &str) -> Result<u64, PlanError> {
     Ok((v * mult) as u64)
 }
 
+/// Logs, once per process and name, every tensor of `model` the planner
+/// has no role for, and what it does with it.
+pub fn log_unknown_tensors(model: &ModelInfo) {
+    static LOGGED: std::sync::Mutex<Option<std::collections::HashSet<String>>> = std::sync::Mutex::new(None);
+    let mut logged = LOGGED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let logged = logged.get_or_insert_with(Default::default);
+    for t in model.unknown_tensors() {
+        if logged.insert(t.name.clone()) {
+            let placement = if cost::is_placeable(t) {
+                "a host weight, its op computed where llama.cpp runs its consumer"
+            } else {
+                "resident with its layer"
+            };
+            tracing::warn!(
+                tensor = %t.name,
+                bytes = t.nbytes,
+                "the planner has no role for this tensor; it is {placement}"
+            );
+        }
+    }
+}
+
 /// Norms, biases and other small tensors, which stay resident with their layer.
 pub fn small_bytes(model: &ModelInfo) -> u64 {
     model
@@ -556,17 +578,26 @@ pub fn small_bytes(model: &ModelInfo) -> u64 {
 
 /// KV cache bytes for the last `gpu_layers` layers at `n_ctx` tokens.
 pub fn kv_bytes(model: &ModelInfo, req: &PlanRequest, gpu_layers: u32) -> u64 {
-    let n_ctx = req.n_ctx.div_ceil(256) * 256;
     (model.n_layer - gpu_layers..model.n_layer)
-        .map(|l| {
-            let per_tok = model.kv_bytes_per_token(l, req.type_k, req.type_v).unwrap_or(0);
-            let ctx = match (model.is_swa(l), model.sliding_window) {
-                (true, Some(w)) => n_ctx.min((w + 256).div_ceil(256) * 256),
-                _ => n_ctx,
-            };
-            per_tok * ctx
-        })
+        .map(|l| layer_cache_bytes(model, req, l))
         .sum()
+}
+
+/// What `layer` keeps per context under `req`: its KV cache at `n_ctx`
+/// tokens (padded to 256), at most its window (plus a ubatch's worth of
+/// padding) in a sliding-window layer, and a fixed state per sequence in a
+/// recurrent layer.
+pub fn layer_cache_bytes(model: &ModelInfo, req: &PlanRequest, layer: u32) -> u64 {
+    if model.is_recurrent(layer) {
+        return model.state_bytes(layer, u64::from(req.workload.decode_tokens()));
+    }
+    let n_ctx = req.n_ctx.div_ceil(256) * 256;
+    let per_tok = model.kv_bytes_per_token(layer, req.type_k, req.type_v).unwrap_or(0);
+    let ctx = match (model.is_swa(layer), model.sliding_window) {
+        (true, Some(w)) => n_ctx.min((w + 256).div_ceil(256) * 256),
+        _ => n_ctx,
+    };
+    per_tok * ctx
 }
 
 /// Attention scores without flash attention: a ubatch of `u` tokens

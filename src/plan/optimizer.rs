@@ -7,7 +7,7 @@
 //! and the configurations do not depend on the budget, so a bigger budget
 //! only adds candidates: it can never predict slower.
 
-use super::cost::{is_placeable, CostModel, Exec, Streaming};
+use super::cost::{is_host_only, is_placeable, CostModel, Exec, Streaming};
 use super::evaluate::Evaluator;
 use super::{kv_bytes, planned_compute, Plan, PlanError, PlanRequest, PlannedTensor, VramBreakdown};
 use crate::gguf::{ModelInfo, TensorRole};
@@ -86,6 +86,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
     if !profile.has_gpu() {
         return Err(PlanError::NoGpuProfile);
     }
+    super::log_unknown_tensors(model);
     let streaming = req.streaming();
     let cm = cost_model(model, profile, req);
     // Streamed weights held in the compute buffer: with synchronous copies
@@ -234,10 +235,16 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 .enumerate()
                 .map(|(k, &i)| {
                     let t = &model.tensors[i];
-                    let exec: Vec<(u32, Exec)> = tiers
-                        .iter()
-                        .map(|&n| (n, ev.tier_exec(k, n, &resident, share)))
-                        .collect();
+                    // A host-only weight's op is left where llama.cpp puts
+                    // its consumer.
+                    let exec: Vec<(u32, Exec)> = if is_host_only(t) {
+                        Vec::new()
+                    } else {
+                        tiers
+                            .iter()
+                            .map(|&n| (n, ev.tier_exec(k, n, &resident, share)))
+                            .collect()
+                    };
                     PlannedTensor {
                         name: t.name.clone(),
                         layer: t.layer,

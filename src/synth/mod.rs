@@ -11,6 +11,7 @@
 //! at most a bounded number of chunks is in memory at any time. Output is
 //! deterministic for a given seed, whatever the thread count.
 
+mod families;
 pub mod presets;
 pub mod quantize;
 pub mod rng;
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 use crate::gguf::writer::FILE_BUFFER_BYTES;
 use crate::gguf::{GgmlType, GgufValue, GgufWriteError, GgufWriter};
 
-pub use presets::{by_name, ArchPreset, TensorSpec, UnknownPreset, VisionPreset};
+pub use presets::{by_name, ArchPreset, Family, GatedDeltaNet, Mla, TensorSpec, UnknownPreset, VisionPreset};
 pub use quantize::{Init, MixContext, Quant};
 pub use tokenizer::TokenizerError;
 
@@ -502,8 +503,10 @@ mod tests {
                 let m = ModelInfo::from_gguf(&f).unwrap();
                 assert_eq!(m.n_layer, preset.n_layer);
                 assert_eq!(m.n_embd, preset.n_embd);
-                assert_eq!(m.head_dim_k, preset.head_dim);
-                assert_eq!(m.n_head_kv[0] as u64, preset.n_head_kv);
+                // the family's own head layout (MLA's one latent KV head)
+                let key = |k: &str| f.get_u64(&format!("{}.{k}", preset.arch));
+                assert_eq!(Some(m.head_dim_k), key("attention.key_length"));
+                assert_eq!(Some(u64::from(m.n_head_kv[0])), key("attention.head_count_kv"));
                 assert_eq!(m.n_vocab, Some(preset.n_vocab));
                 assert_eq!(m.n_expert, preset.n_expert);
                 assert_eq!(m.n_params(), preset.n_params());

@@ -5,6 +5,7 @@
 //! `load_arch_tensors`, `tools/mtmd/clip.cpp`); shapes are listed ggml-style,
 //! row length first.
 
+pub use super::families::{Family, GatedDeltaNet, Mla};
 use super::quantize::Init;
 use super::tokenizer::{TokenizerKind, TokenizerSpec};
 use crate::gguf::GgufArray;
@@ -15,7 +16,8 @@ use crate::gguf::GgufValue;
 pub struct ArchPreset {
     /// Preset name (`llama3.1-8b`, `tiny-qwen3-30b-a3b`, …).
     pub name: &'static str,
-    /// `general.architecture` (`llama`, `qwen3`, `qwen3moe`, `qwen2vl`).
+    /// `general.architecture` (`llama`, `qwen3`, `qwen3moe`, `qwen2vl`,
+    /// `gpt-oss`, `qwen35moe`, `gemma3`, `glm4moe`, `deepseek2`).
     pub arch: &'static str,
     /// Number of transformer blocks.
     pub n_layer: u32,
@@ -55,6 +57,8 @@ pub struct ArchPreset {
     pub tokenizer: TokenizerSpec,
     /// Vision tower, for models shipped with an mmproj file.
     pub vision: Option<VisionPreset>,
+    /// Block layout beyond the fields above.
+    pub family: Family,
 }
 
 /// Hyper-parameters of a Qwen2.5-VL style vision tower (mmproj file).
@@ -101,7 +105,7 @@ fn sigma(fan_in: u64) -> f32 {
     0.5 / (fan_in.max(1) as f32).sqrt()
 }
 
-fn weight(name: String, dims: &[u64]) -> TensorSpec {
+pub(super) fn weight(name: String, dims: &[u64]) -> TensorSpec {
     TensorSpec {
         init: Init::Random { sigma: sigma(dims[0]) },
         name,
@@ -109,7 +113,7 @@ fn weight(name: String, dims: &[u64]) -> TensorSpec {
     }
 }
 
-fn norm(name: String, n: u64) -> TensorSpec {
+pub(super) fn norm(name: String, n: u64) -> TensorSpec {
     TensorSpec {
         name,
         dims: vec![n],
@@ -117,7 +121,7 @@ fn norm(name: String, n: u64) -> TensorSpec {
     }
 }
 
-fn bias(name: String, n: u64) -> TensorSpec {
+pub(super) fn bias(name: String, n: u64) -> TensorSpec {
     TensorSpec {
         name,
         dims: vec![n],
@@ -165,6 +169,7 @@ fn all_presets() -> Vec<ArchPreset> {
             first_special: 128_000,
         },
         vision: None,
+        family: Family::Plain,
     };
     // Llama-3.2-1B: the usual draft model for Llama-3.1-8B (same tokenizer).
     let llama32_1b = ArchPreset {
@@ -278,6 +283,211 @@ fn all_presets() -> Vec<ArchPreset> {
             eps: 1e-6,
         }),
         ..llama31.clone()
+    };
+    // The models of 2026. Each preset cites the published configuration its
+    // hyper-parameters were checked against; the architecture names are
+    // those of the pinned llama.cpp's `src/llama-arch.cpp`. The tokenizers
+    // are synth's own byte-level BPE at the real vocabulary size.
+
+    // openai/gpt-oss-20b, config.json
+    // (https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json):
+    // 24 layers, hidden 2880, 64 heads of 64, 8 KV heads, 32 experts top-4
+    // of 2880, sliding window 128 in every other layer, vocab 201088,
+    // rope_theta 150000, rms_norm_eps 1e-5, attention_bias true. The experts
+    // are MXFP4 upstream; synth writes them in the scheme's type.
+    let gpt_oss_20b = ArchPreset {
+        name: "gpt-oss-20b",
+        arch: "gpt-oss",
+        n_layer: 24,
+        n_embd: 2880,
+        n_ff: 2880,
+        n_head: 64,
+        n_head_kv: 8,
+        head_dim: 64,
+        n_vocab: 201_088,
+        n_ctx_train: 131_072,
+        rope_theta: 150_000.0,
+        rms_eps: 1e-5,
+        n_expert: 32,
+        n_expert_used: 4,
+        n_ff_exp: 2880,
+        qk_norm: false,
+        qkv_bias: true,
+        tied_embeddings: false,
+        rope_sections: None,
+        tokenizer: TokenizerSpec {
+            kind: TokenizerKind::Qwen2,
+            n_vocab: 201_088,
+            first_special: 199_998,
+        },
+        vision: None,
+        family: Family::GptOss { sliding_window: 128 },
+    };
+    // openai/gpt-oss-120b, config.json
+    // (https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json):
+    // as gpt-oss-20b with 36 layers and 128 experts.
+    let gpt_oss_120b = ArchPreset {
+        name: "gpt-oss-120b",
+        n_layer: 36,
+        n_expert: 128,
+        ..gpt_oss_20b.clone()
+    };
+    // Qwen/Qwen3.6-35B-A3B, config.json text_config
+    // (https://huggingface.co/Qwen/Qwen3.6-35B-A3B/blob/main/config.json),
+    // model_type qwen3_5_moe: 40 layers, hidden 2048, full attention every
+    // 4th layer (16 heads of 256, 2 KV heads, partial_rotary_factor 0.25,
+    // mrope_section [11, 11, 10]), Gated-DeltaNet elsewhere (16 key heads,
+    // 32 value heads of 128, conv kernel 4), 256 experts top-8 of 512 and a
+    // shared expert of 512, vocab 248320, rope_theta 1e7, rms_norm_eps 1e-6.
+    let qwen36_35b = ArchPreset {
+        name: "qwen3.6-35b-a3b",
+        arch: "qwen35moe",
+        n_layer: 40,
+        n_embd: 2048,
+        n_ff: 512,
+        n_head: 16,
+        n_head_kv: 2,
+        head_dim: 256,
+        n_vocab: 248_320,
+        n_ctx_train: 262_144,
+        rope_theta: 10_000_000.0,
+        rms_eps: 1e-6,
+        n_expert: 256,
+        n_expert_used: 8,
+        n_ff_exp: 512,
+        qk_norm: true,
+        qkv_bias: false,
+        tied_embeddings: false,
+        rope_sections: Some([11, 11, 10, 0]),
+        tokenizer: TokenizerSpec {
+            kind: TokenizerKind::Qwen3,
+            n_vocab: 248_320,
+            first_special: 248_044,
+        },
+        vision: None,
+        family: Family::Qwen35Moe(GatedDeltaNet {
+            full_attention_interval: 4,
+            conv_kernel: 4,
+            n_k_heads: 16,
+            n_v_heads: 32,
+            head_dim: 128,
+            n_ff_shexp: 512,
+            n_rot: 64,
+        }),
+    };
+    // google/gemma-3-27b-it, config.json text_config
+    // (https://huggingface.co/google/gemma-3-27b-it/blob/main/config.json):
+    // 62 layers, hidden 5376, FFN 21504, 32 heads of 128, 16 KV heads,
+    // sliding window 1024 in five layers of six, vocab 262208, tied
+    // embeddings, rope_theta 1e6, rms_norm_eps 1e-6.
+    let gemma3_27b = ArchPreset {
+        name: "gemma-3-27b",
+        arch: "gemma3",
+        n_layer: 62,
+        n_embd: 5376,
+        n_ff: 21504,
+        n_head: 32,
+        n_head_kv: 16,
+        head_dim: 128,
+        n_vocab: 262_208,
+        n_ctx_train: 131_072,
+        rope_theta: 1_000_000.0,
+        rms_eps: 1e-6,
+        n_expert: 0,
+        n_expert_used: 0,
+        n_ff_exp: 0,
+        qk_norm: true,
+        qkv_bias: false,
+        tied_embeddings: true,
+        rope_sections: None,
+        tokenizer: TokenizerSpec {
+            kind: TokenizerKind::Llama3,
+            n_vocab: 262_208,
+            first_special: 261_952,
+        },
+        vision: None,
+        family: Family::Gemma3 { sliding_window: 1024 },
+    };
+    // zai-org/GLM-4.5-Air, config.json
+    // (https://huggingface.co/zai-org/GLM-4.5-Air/blob/main/config.json):
+    // 46 layers (the first dense, FFN 10944), hidden 4096, 96 heads of 128,
+    // 8 KV heads, partial_rotary_factor 0.5, attention_bias true, no QK
+    // norm, 128 experts top-8 of 1408 and 1 shared expert, vocab 151552,
+    // rope_theta 1e6, rms_norm_eps 1e-5. Its next-token-prediction layer
+    // (num_nextn_predict_layers 1), which llama.cpp skips unless asked to
+    // load it, is not written.
+    let glm45_air = ArchPreset {
+        name: "glm-4.5-air",
+        arch: "glm4moe",
+        n_layer: 46,
+        n_embd: 4096,
+        n_ff: 10944,
+        n_head: 96,
+        n_head_kv: 8,
+        head_dim: 128,
+        n_vocab: 151_552,
+        n_ctx_train: 131_072,
+        rope_theta: 1_000_000.0,
+        rms_eps: 1e-5,
+        n_expert: 128,
+        n_expert_used: 8,
+        n_ff_exp: 1408,
+        qk_norm: false,
+        qkv_bias: true,
+        tied_embeddings: false,
+        rope_sections: None,
+        tokenizer: TokenizerSpec {
+            kind: TokenizerKind::Qwen2,
+            n_vocab: 151_552,
+            first_special: 151_329,
+        },
+        vision: None,
+        family: Family::Glm4Moe {
+            n_dense_lead: 1,
+            n_expert_shared: 1,
+            n_rot: 64,
+        },
+    };
+    // deepseek-ai/DeepSeek-V2-Lite, config.json
+    // (https://huggingface.co/deepseek-ai/DeepSeek-V2-Lite/blob/main/config.json):
+    // 27 layers (the first dense, FFN 10944), hidden 2048, 16 heads, MLA
+    // with kv_lora_rank 512, no q_lora_rank, qk_nope_head_dim 128,
+    // qk_rope_head_dim 64, v_head_dim 128; 64 experts top-6 of 1408 and 2
+    // shared experts, vocab 102400, rope_theta 10000, rms_norm_eps 1e-6.
+    let deepseek_v2_lite = ArchPreset {
+        name: "deepseek-v2-lite",
+        arch: "deepseek2",
+        n_layer: 27,
+        n_embd: 2048,
+        n_ff: 10944,
+        n_head: 16,
+        n_head_kv: 16,
+        head_dim: 192,
+        n_vocab: 102_400,
+        n_ctx_train: 163_840,
+        rope_theta: 10_000.0,
+        rms_eps: 1e-6,
+        n_expert: 64,
+        n_expert_used: 6,
+        n_ff_exp: 1408,
+        qk_norm: false,
+        qkv_bias: false,
+        tied_embeddings: false,
+        rope_sections: None,
+        tokenizer: TokenizerSpec {
+            kind: TokenizerKind::Llama3,
+            n_vocab: 102_400,
+            first_special: 100_000,
+        },
+        vision: None,
+        family: Family::Deepseek2(Mla {
+            kv_lora_rank: 512,
+            qk_rope: 64,
+            qk_nope: 128,
+            v_head: 128,
+            n_dense_lead: 1,
+            n_expert_shared: 2,
+        }),
     };
 
     // Tiny variants: same architecture and tensor set, small dims. Row
@@ -408,6 +618,133 @@ fn all_presets() -> Vec<ArchPreset> {
         }),
         ..qwen25vl.clone()
     };
+    // Tiny twins of the models of 2026: every tensor role of the real one,
+    // windows and state small enough that a short context exercises them.
+    let tiny_gpt_oss_20b = ArchPreset {
+        name: "tiny-gpt-oss-20b",
+        n_layer: 4,
+        n_embd: 256,
+        n_ff: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_vocab: 1280,
+        n_ctx_train: 4096,
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 128,
+        tokenizer: TokenizerSpec {
+            kind: TokenizerKind::Qwen2,
+            n_vocab: 1280,
+            first_special: 1000,
+        },
+        family: Family::GptOss { sliding_window: 32 },
+        ..gpt_oss_20b.clone()
+    };
+    let tiny_gpt_oss_120b = ArchPreset {
+        name: "tiny-gpt-oss-120b",
+        n_layer: 6,
+        n_expert: 16,
+        n_expert_used: 4,
+        ..tiny_gpt_oss_20b.clone()
+    };
+    let tiny_qwen36_35b = ArchPreset {
+        name: "tiny-qwen3.6-35b-a3b",
+        n_layer: 4,
+        n_embd: 256,
+        n_ff: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_vocab: 1280,
+        n_ctx_train: 4096,
+        n_expert: 16,
+        n_expert_used: 4,
+        n_ff_exp: 128,
+        rope_sections: Some([3, 3, 2, 0]),
+        tokenizer: TINY_QWEN3_TOK,
+        family: Family::Qwen35Moe(GatedDeltaNet {
+            full_attention_interval: 4,
+            conv_kernel: 4,
+            n_k_heads: 2,
+            n_v_heads: 4,
+            head_dim: 64,
+            n_ff_shexp: 128,
+            n_rot: 16,
+        }),
+        ..qwen36_35b.clone()
+    };
+    let tiny_gemma3_27b = ArchPreset {
+        name: "tiny-gemma-3-27b",
+        n_layer: 6,
+        n_embd: 256,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_vocab: 1024,
+        n_ctx_train: 4096,
+        tokenizer: TokenizerSpec {
+            kind: TokenizerKind::Llama3,
+            n_vocab: 1024,
+            first_special: 768,
+        },
+        family: Family::Gemma3 { sliding_window: 32 },
+        ..gemma3_27b.clone()
+    };
+    let tiny_glm45_air = ArchPreset {
+        name: "tiny-glm-4.5-air",
+        n_layer: 3,
+        n_embd: 256,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_vocab: 1280,
+        n_ctx_train: 4096,
+        n_expert: 16,
+        n_expert_used: 4,
+        n_ff_exp: 128,
+        tokenizer: TokenizerSpec {
+            kind: TokenizerKind::Qwen2,
+            n_vocab: 1280,
+            first_special: 1000,
+        },
+        family: Family::Glm4Moe {
+            n_dense_lead: 1,
+            n_expert_shared: 1,
+            n_rot: 32,
+        },
+        ..glm45_air.clone()
+    };
+    let tiny_deepseek_v2_lite = ArchPreset {
+        name: "tiny-deepseek-v2-lite",
+        n_layer: 3,
+        n_embd: 256,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 4,
+        head_dim: 96,
+        n_vocab: 1280,
+        n_ctx_train: 4096,
+        n_expert: 16,
+        n_expert_used: 4,
+        n_ff_exp: 128,
+        tokenizer: TokenizerSpec {
+            kind: TokenizerKind::Llama3,
+            n_vocab: 1280,
+            first_special: 1024,
+        },
+        family: Family::Deepseek2(Mla {
+            kv_lora_rank: 64,
+            qk_rope: 32,
+            qk_nope: 64,
+            v_head: 64,
+            n_dense_lead: 1,
+            n_expert_shared: 2,
+        }),
+        ..deepseek_v2_lite.clone()
+    };
     vec![
         llama31,
         llama32_1b,
@@ -417,6 +754,12 @@ fn all_presets() -> Vec<ArchPreset> {
         qwen3_235b,
         minitron,
         qwen25vl,
+        gpt_oss_20b,
+        gpt_oss_120b,
+        qwen36_35b,
+        gemma3_27b,
+        glm45_air,
+        deepseek_v2_lite,
         tiny_llama,
         tiny_llama32_1b,
         tiny_qwen3,
@@ -425,6 +768,12 @@ fn all_presets() -> Vec<ArchPreset> {
         tiny_qwen3_235b,
         tiny_minitron,
         tiny_qwen25vl,
+        tiny_gpt_oss_20b,
+        tiny_gpt_oss_120b,
+        tiny_qwen36_35b,
+        tiny_gemma3_27b,
+        tiny_glm45_air,
+        tiny_deepseek_v2_lite,
     ]
 }
 
@@ -470,6 +819,16 @@ impl ArchPreset {
         self.head_dim * self.n_head_kv
     }
 
+    /// Rotary dimensions of each head (`rope.dimension_count`).
+    pub fn n_rot(&self) -> u64 {
+        match self.family {
+            Family::Qwen35Moe(g) => g.n_rot,
+            Family::Glm4Moe { n_rot, .. } => n_rot,
+            Family::Deepseek2(m) => m.qk_rope,
+            Family::Plain | Family::GptOss { .. } | Family::Gemma3 { .. } => self.head_dim,
+        }
+    }
+
     /// Whether the preset has routed experts.
     pub fn is_moe(&self) -> bool {
         self.n_expert > 0
@@ -478,6 +837,9 @@ impl ArchPreset {
     /// The language model's tensors, in file order (token embedding, blocks,
     /// final norm, LM head), with shapes as llama.cpp's loader expects.
     pub fn tensors(&self) -> Vec<TensorSpec> {
+        if self.family != Family::Plain {
+            return super::families::tensors(self);
+        }
         let e = self.n_embd;
         let q = self.n_embd_q();
         let kv = self.n_embd_kv();
@@ -560,6 +922,7 @@ impl ArchPreset {
         if let Some(s) = self.rope_sections {
             kv.push((k("rope.dimension_sections"), GgufArray::I32(s.to_vec()).into()));
         }
+        super::families::metadata(self, &mut kv);
         kv
     }
 
@@ -685,7 +1048,7 @@ mod tests {
             assert!(ts.iter().all(|t| t.name.len() < 64));
             assert_eq!(p.tokenizer.n_vocab as u64, p.n_vocab, "{}", p.name);
             if let Some(rs) = p.rope_sections {
-                assert_eq!(rs.iter().sum::<i32>() as u64 * 2, p.head_dim, "{}", p.name);
+                assert_eq!(rs.iter().sum::<i32>() as u64 * 2, p.n_rot(), "{}", p.name);
             }
         }
     }
@@ -721,6 +1084,41 @@ mod tests {
         let p = by_name("qwen3-235b-a22b").unwrap();
         let params = p.n_params() as f64;
         assert!((params / 235.1e9 - 1.0).abs() < 0.01, "{params}");
+    }
+
+    #[test]
+    fn models_of_2026_match_their_published_sizes() {
+        // gpt-oss: the model card's exact counts (biases and sinks included)
+        assert_eq!(by_name("gpt-oss-20b").unwrap().n_params(), 20_914_757_184);
+        assert_eq!(by_name("gpt-oss-120b").unwrap().n_params(), 116_829_156_672);
+        // the language models without vision towers and MTP layers
+        for (name, billions) in [
+            ("qwen3.6-35b-a3b", 34.66),
+            ("gemma-3-27b", 27.01),
+            ("glm-4.5-air", 106.85),
+            ("deepseek-v2-lite", 15.71),
+        ] {
+            let params = by_name(name).unwrap().n_params() as f64 / 1e9;
+            assert!((params / billions - 1.0).abs() < 0.005, "{name}: {params}");
+        }
+        let p = by_name("qwen3.6-35b-a3b").unwrap();
+        let ts = p.tensors();
+        let has = |n: &str| ts.iter().any(|t| t.name == n);
+        // layers 0-2 recurrent, 3 full attention
+        assert!(has("blk.0.ssm_conv1d.weight") && has("blk.0.ssm_a") && !has("blk.0.attn_q.weight"));
+        assert!(has("blk.3.attn_q.weight") && !has("blk.3.ssm_out.weight"));
+        let q = ts.iter().find(|t| t.name == "blk.3.attn_q.weight").unwrap();
+        assert_eq!(q.dims, vec![2048, 2 * 16 * 256]);
+        let p = by_name("deepseek-v2-lite").unwrap();
+        let ts = p.tensors();
+        let kb = ts.iter().find(|t| t.name == "blk.1.attn_k_b.weight").unwrap();
+        assert_eq!(kb.dims, vec![128, 512, 16]);
+        assert!(ts.iter().any(|t| t.name == "blk.0.ffn_up.weight"));
+        assert!(ts.iter().any(|t| t.name == "blk.1.ffn_up_shexp.weight"));
+        let meta = p.metadata();
+        let get = |k: &str| meta.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        assert_eq!(get("deepseek2.attention.key_length"), Some(GgufValue::U32(576)));
+        assert_eq!(get("deepseek2.attention.head_count_kv"), Some(GgufValue::U32(1)));
     }
 
     #[test]

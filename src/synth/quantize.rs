@@ -130,6 +130,7 @@ pub fn allows_quantization(name: &str, dims: &[u64]) -> bool {
         && name.ends_with("weight")
         && !name.contains("_norm.weight")
         && !name.contains("ffn_gate_inp.weight")
+        && !name.contains("ssm_conv1d")
         && !name.contains(".position_embd")
         && !name.contains(".patch_embd")
         && !name.contains(".patch_merger")
@@ -142,8 +143,9 @@ pub fn tensor_type(quant: Quant, name: &str, dims: &[u64], ctx: &MixContext) -> 
     if dims.len() < 2 || !name.ends_with("weight") || name.contains("_norm.weight") {
         return GgmlType::F32;
     }
-    if name.contains("ffn_gate_inp") {
-        // the router is F32 in converted models and never quantized
+    if name.contains("ffn_gate_inp") || name.contains("ssm_conv1d") {
+        // the router and the recurrent convolution are F32 in converted
+        // models and never quantized
         return GgmlType::F32;
     }
     if !allows_quantization(name, dims) || quant == Quant::F16 {
