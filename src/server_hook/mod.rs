@@ -19,7 +19,7 @@ mod tune;
 
 use std::path::PathBuf;
 
-pub use options::{split_args, ServerOptions, HELP};
+pub use options::{help, split_args, ServerOptions};
 pub use plan::{installed, Installed};
 pub use report::{live_metrics, metrics_text, props_json};
 
@@ -111,7 +111,7 @@ pub fn main_with_args(program: &str, args: &[String]) -> std::process::ExitCode 
     crate::logging::init(0);
     // Upstream prints its help and exits; pipeshard's options come first.
     if wants_help(&upstream) {
-        println!("{HELP}\n");
+        println!("{}\n", help());
     }
     let code = match serve(program, opts, &upstream) {
         Ok(code) => code,
