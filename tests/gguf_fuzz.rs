@@ -318,7 +318,14 @@ fn earlier_aborts_fail_cleanly_in_the_server() {
     for flag in ["-md", "--mmproj"] {
         let port = common::server::free_port().to_string();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pipeshard-server"));
-        cmd.args(["-m", good.to_str().unwrap(), flag, bad.file.to_str().unwrap(), "--port", &port]);
+        cmd.args([
+            "-m",
+            good.to_str().unwrap(),
+            flag,
+            bad.file.to_str().unwrap(),
+            "--port",
+            &port,
+        ]);
         let (status, log) = exit_within(cmd, Duration::from_secs(60));
         assert_eq!(status.code(), Some(1), "{flag}: {status:?}, stderr:\n{log}");
         for n in bad.needles {
@@ -397,3 +404,37 @@ fn fuzz_slice_has_no_crashes_or_hangs() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A bounded slice of the fuzzer through the server's start-up
+/// (`fuzz-gguf --server`): no signal, no hang, and some cases load.
+#[test]
+fn server_fuzz_slice_has_no_crashes_or_hangs() {
+    let dir = common::scratch_dir("fuzz-slice-server");
+    let out = pipeshard(&[
+        "fuzz-gguf",
+        "--server",
+        "--seed",
+        "20261128",
+        "--cases",
+        "120",
+        "--jobs",
+        "2",
+        "--no-default-model",
+        "--timeout-s",
+        "60",
+        "--work-dir",
+        dir.to_str().unwrap(),
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: FuzzReport = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}; stderr:\n{stderr}"));
+    let c = &report.counts;
+    assert_eq!(c.cases, 120, "{stderr}");
+    assert_eq!(
+        (c.signals, c.hangs, c.other_failures),
+        (0, 0, 0),
+        "failures: {:#?}\n{stderr}",
+        report.failures
+    );
+    assert!(c.loaded > 5 && c.rejected_by_pipeshard > 30, "{c:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
