@@ -228,7 +228,7 @@ fn bad_draft_arguments_fail_cleanly() {
     assert_clean_failure(&out, "spec-draft-ngl");
     let out = pipeshard(&["run", "-m", m, "-p", "x", "-n", "2", "-md", "/nonexistent/draft.gguf"]);
     assert_clean_failure(&out, "draft");
-    // clap's own usage errors exit with 2.
+    // a bad option exits 1, with clap's message
     let out = pipeshard(&[
         "plan",
         "--arch",
@@ -238,8 +238,84 @@ fn bad_draft_arguments_fail_cleanly() {
         "--draft-acceptance",
         "1.5",
     ]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("probability"));
+}
+
+/// Every tool exits 1 on a bad option, as llama-server does, with clap's
+/// message (or upstream's, for llama-server's own flags); help exits 0.
+#[test]
+fn every_tool_exits_1_on_a_bad_option() {
+    let tools = [
+        "run",
+        "plan",
+        "profile",
+        "synth",
+        "bench",
+        "fuzz-gguf",
+        "fuzz-http",
+        "lossless",
+    ];
+    for tool in tools {
+        let out = pipeshard(&[tool, "--no-such-option"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{tool}: {stderr}");
+        assert!(
+            stderr.contains("unexpected argument '--no-such-option'"),
+            "{tool}: {stderr}"
+        );
+        let out = pipeshard(&[tool, "--help"]);
+        assert_eq!(out.status.code(), Some(0), "{tool} --help");
+    }
+    let out = pipeshard(&["--no-such-option"]);
+    assert_eq!(out.status.code(), Some(1));
+    let out = pipeshard(&["no-such-tool"]);
+    assert_eq!(out.status.code(), Some(1));
+    // a bad value of pipeshard's option, and an option neither knows
+    let server = env!("CARGO_BIN_EXE_pipeshard-server");
+    for (pre, bad) in [
+        (None, "--stream-slots=9"),
+        (None, "--no-such-option"),
+        (Some("serve"), "--no-such-option"),
+    ] {
+        let exe = if pre.is_some() {
+            env!("CARGO_BIN_EXE_pipeshard")
+        } else {
+            server
+        };
+        let out = Command::new(exe)
+            .args(pre)
+            .args([bad, "-m", "/nonexistent.gguf"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{pre:?} {bad}: {stderr}");
+        let name = bad.split('=').next().unwrap();
+        assert!(stderr.contains(name), "{pre:?} {bad}: {stderr}");
+    }
+}
+
+/// `--cpu-copies` is pipeshard's option in the server too: a bad value
+/// gets pipeshard's (clap's) message, not llama-server's "invalid argument".
+#[test]
+fn server_cpu_copies_reaches_pipeshards_parser() {
+    let server = env!("CARGO_BIN_EXE_pipeshard-server");
+    let out = Command::new(server).args(["--cpu-copies", "maybe"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("invalid value 'maybe' for '--cpu-copies"), "{stderr}");
+    // a good value passes pipeshard's parser and upstream never sees it:
+    // the server goes on to check the model file
+    let out = Command::new(server)
+        .args(["--cpu-copies", "false", "-m", "/nonexistent.gguf", "--port", "0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("--cpu-copies"), "{stderr}");
+    assert!(stderr.contains("/nonexistent.gguf"), "{stderr}");
+    let out = Command::new(server).args(["--help"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--cpu-copies"));
 }
 
 #[test]

@@ -5,7 +5,8 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use pipeshard::fuzz::mutate::RawGguf;
 use pipeshard::fuzz::FuzzReport;
@@ -37,16 +38,18 @@ fn run_one_token(model: &Path) -> Output {
     ])
 }
 
-/// Exit code 1 (not a signal, not a panic) with an error naming `needles`.
+/// Exit code 1 (not a signal, not a panic) with an error, naming
+/// `needles` (in pipeshard's error line, or in llama.cpp's reason logged
+/// before it).
 fn assert_clean_failure(out: &Output, needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "status {:?}, stderr:\n{stderr}", out.status);
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("error:"))
-        .unwrap_or_else(|| panic!("no error line:\n{stderr}"));
+    assert!(
+        stderr.lines().any(|l| l.starts_with("error:")),
+        "no error line:\n{stderr}"
+    );
     for n in needles {
-        assert!(line.contains(n), "expected {n:?} in the error:\n{line}");
+        assert!(stderr.contains(n), "expected {n:?} in the error:\n{stderr}");
     }
     assert!(!stderr.contains("panicked"), "panicked:\n{stderr}");
 }
@@ -68,144 +71,267 @@ fn write_case(dir: &Path, name: &str, raw: &RawGguf, edit: impl FnOnce(&mut RawG
     path
 }
 
-// One test per row of the table: each of these made llama.cpp
-// abort (exit 134) after passing pipeshard's checks.
+/// A model file that made llama.cpp abort (exit 134) after passing
+/// pipeshard's checks, and what the clean error names.
+struct Abort {
+    file: PathBuf,
+    needles: &'static [&'static str],
+}
 
-#[test]
-fn block_count_65536_fails_cleanly() {
-    let dir = common::scratch_dir("hp-block-count");
-    let raw = seed(&dir, "tiny-llama3.2-1b");
-    let f = write_case(&dir, "blocks", &raw, |r| {
-        r.set("llama.block_count", GgufValue::U32(65536))
-    });
-    assert_clean_failure(
-        &run_one_token(&f),
-        &["'llama.block_count' is 65536", "LLAMA_MAX_LAYERS"],
-    );
+fn abort(
+    dir: &Path,
+    raw: &RawGguf,
+    name: &str,
+    needles: &'static [&'static str],
+    edit: impl FnOnce(&mut RawGguf),
+) -> Abort {
+    Abort {
+        file: write_case(dir, name, raw, edit),
+        needles,
+    }
+}
+
+/// Every file that made llama.cpp abort: the rows of the GGUF-hardening
+/// issue's table, the fuzzer's findings after them, and the server's
+/// findings (`expert_used_count` above `expert_count`, a per-layer
+/// `expert_used_count`). Each was signal 6 in `run` or in the server.
+fn earlier_aborts(dir: &Path) -> Vec<Abort> {
+    let llama = seed(dir, "tiny-llama3.2-1b");
+    let qwen3 = seed(dir, "tiny-qwen3-0.6b");
+    let moe = seed(dir, "tiny-qwen3-30b-a3b");
+    let n_layer = match moe.get("qwen3moe.block_count") {
+        Some(GgufValue::U32(n)) => *n as usize,
+        other => panic!("qwen3moe.block_count: {other:?}"),
+    };
+    let u32_key = |r: &mut RawGguf, k: &str, v: u32| r.set(k, GgufValue::U32(v));
+    vec![
+        abort(
+            dir,
+            &llama,
+            "blocks",
+            &["'llama.block_count' is 65536", "LLAMA_MAX_LAYERS"],
+            |r| u32_key(r, "llama.block_count", 65536),
+        ),
+        // a MoE model with 16 experts, 4 used per token, claiming 2
+        abort(
+            dir,
+            &moe,
+            "moe-2",
+            &["'qwen3moe.expert_used_count' is 4", "at most expert_count (2)"],
+            |r| u32_key(r, "qwen3moe.expert_count", 2),
+        ),
+        // a dense model claiming 2 experts, none used
+        abort(
+            dir,
+            &llama,
+            "dense-2",
+            &["'llama.expert_used_count' is 0", "with 2 experts must use at least one"],
+            |r| u32_key(r, "llama.expert_count", 2),
+        ),
+        abort(
+            dir,
+            &moe,
+            "moe-max",
+            &["'qwen3moe.expert_count' is 4294967295", "LLAMA_MAX_EXPERTS"],
+            |r| u32_key(r, "qwen3moe.expert_count", u32::MAX),
+        ),
+        abort(
+            dir,
+            &moe,
+            "used-17",
+            &["'qwen3moe.expert_used_count' is 17", "at most expert_count (16)"],
+            |r| u32_key(r, "qwen3moe.expert_used_count", 17),
+        ),
+        // build_moe_ffn viewed past the experts the graph computed (layer 0's count)
+        abort(
+            dir,
+            &moe,
+            "used-per-layer",
+            &[
+                "'qwen3moe.expert_used_count' is [1, 1, 4, 4",
+                "layer 0's count (1) in layer 2",
+            ],
+            |r| {
+                let mut v = vec![4u32; n_layer];
+                v[..2].fill(1);
+                r.set("qwen3moe.expert_used_count", GgufValue::Array(GgufArray::U32(v)))
+            },
+        ),
+        // qwen3's graph asserts head size == n_rot; llama.cpp's loader does not check it
+        abort(
+            dir,
+            &qwen3,
+            "rot",
+            &["'qwen3.rope.dimension_count' is 32", "head size (64"],
+            |r| u32_key(r, "qwen3.rope.dimension_count", 32),
+        ),
+        // K heads of another size than the tensors hold
+        abort(
+            dir,
+            &qwen3,
+            "keylen",
+            &["'qwen3.attention.head_count'", "attn_q.weight"],
+            |r| {
+                u32_key(r, "qwen3.attention.key_length", 32);
+                u32_key(r, "qwen3.attention.value_length", 32);
+                u32_key(r, "qwen3.rope.dimension_count", 32);
+            },
+        ),
+        abort(
+            dir,
+            &llama,
+            "dup",
+            &["'tokenizer.ggml.tokens'", "twice, at token 200 and token 300"],
+            |r| {
+                let Some(GgufValue::Array(GgufArray::String(t))) = r.get("tokenizer.ggml.tokens").cloned() else {
+                    panic!("no tokens");
+                };
+                let mut t = t;
+                t[300] = t[200].clone();
+                r.set("tokenizer.ggml.tokens", GgufValue::Array(GgufArray::String(t)));
+            },
+        ),
+        abort(
+            dir,
+            &qwen3,
+            "scaling",
+            &["'qwen3.rope.scaling.type'", "llama.cpp knows none"],
+            |r| r.set("qwen3.rope.scaling.type", GgufValue::String("sideways".into())),
+        ),
+        // no vocabulary: llama.cpp has no tokenizer, and tokenizing aborted
+        abort(dir, &qwen3, "none", &["has no vocabulary"], |r| {
+            r.set("tokenizer.ggml.model", GgufValue::String("none".into()))
+        }),
+        // a SentencePiece vocabulary without byte tokens: byte_to_token threw
+        abort(
+            dir,
+            &qwen3,
+            "spm",
+            &["'tokenizer.ggml.tokens'", "no byte token <0x00>"],
+            |r| r.set("tokenizer.ggml.model", GgufValue::String("llama".into())),
+        ),
+        // a NaN norm epsilon: ggml's rms_norm asserts eps >= 0
+        abort(
+            dir,
+            &qwen3,
+            "eps",
+            &["'qwen3.attention.layer_norm_rms_epsilon' is NaN"],
+            |r| r.set("qwen3.attention.layer_norm_rms_epsilon", GgufValue::F32(f32::NAN)),
+        ),
+        // a quantized norm: the CPU backend's binary ops abort
+        abort(
+            dir,
+            &qwen3,
+            "norm-type",
+            &["tensor 'output_norm.weight' is a one-dimensional q8_0 tensor"],
+            |r| {
+                let t = r.tensors.iter_mut().find(|t| t.name == b"output_norm.weight").unwrap();
+                // 256 f32 (1 KiB) hold 256 q8_0 values (272 bytes)
+                t.ty = GgmlType::Q8_0.id();
+            },
+        ),
+        // a Unigram tokenizer adding a BOS whose id is out of range: llama.cpp
+        // disabled the id at load, then asserted it when tokenizing (patch 0046)
+        abort(
+            dir,
+            &llama,
+            "bos",
+            &["the tokenizer adds a BOS token, but 'tokenizer.ggml.bos_token_id' is missing or out of range"],
+            |r| {
+                r.set("tokenizer.ggml.model", GgufValue::String("t5".into()));
+                r.set("tokenizer.ggml.add_bos_token", GgufValue::Bool(true));
+                u32_key(r, "tokenizer.ggml.bos_token_id", 1024);
+            },
+        ),
+    ]
+}
+
+/// Runs `cmd` to its exit, killing it after `limit` (a server that
+/// loaded would serve for ever); its exit status and stderr.
+fn exit_within(mut cmd: Command, limit: Duration) -> (std::process::ExitStatus, String) {
+    let log = tempfile_path();
+    cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
+    let mut child = cmd.spawn().expect("spawning the server");
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let s = child.wait().unwrap();
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("still running after {limit:?} ({s:?}); stderr:\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    (status, text)
+}
+
+fn tempfile_path() -> PathBuf {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("pipeshard-gguf-fuzz-{}-{n}.log", std::process::id()))
 }
 
 #[test]
-fn expert_count_2_fails_cleanly() {
-    let dir = common::scratch_dir("hp-experts-2");
-    // a MoE model with 16 experts, 4 used per token, claiming 2
-    let raw = seed(&dir, "tiny-qwen3-30b-a3b");
-    let f = write_case(&dir, "moe", &raw, |r| r.set("qwen3moe.expert_count", GgufValue::U32(2)));
-    assert_clean_failure(
-        &run_one_token(&f),
-        &["'qwen3moe.expert_used_count' is 4", "at most expert_count (2)"],
-    );
-    // a dense model claiming 2 experts, none used
-    let raw = seed(&dir, "tiny-llama3.2-1b");
-    let f = write_case(&dir, "dense", &raw, |r| r.set("llama.expert_count", GgufValue::U32(2)));
-    assert_clean_failure(
-        &run_one_token(&f),
-        &["'llama.expert_used_count' is 0", "with 2 experts must use at least one"],
-    );
+fn earlier_aborts_fail_cleanly_in_run() {
+    let dir = common::scratch_dir("hp-aborts-run");
+    for a in earlier_aborts(&dir) {
+        assert_clean_failure(&run_one_token(&a.file), a.needles);
+    }
 }
 
+/// `pipeshard-server` start-up (without a budget, with one, and as
+/// `pipeshard serve`) on each file: exit 1 with the same message, before
+/// llama.cpp reads the file.
 #[test]
-fn expert_count_2_pow_32_minus_1_fails_cleanly() {
-    let dir = common::scratch_dir("hp-experts-max");
-    let raw = seed(&dir, "tiny-qwen3-30b-a3b");
-    let f = write_case(&dir, "moe", &raw, |r| {
-        r.set("qwen3moe.expert_count", GgufValue::U32(u32::MAX))
-    });
-    assert_clean_failure(
-        &run_one_token(&f),
-        &["'qwen3moe.expert_count' is 4294967295", "LLAMA_MAX_EXPERTS"],
-    );
-}
-
-#[test]
-fn head_size_unlike_rope_dimension_count_fails_cleanly() {
-    let dir = common::scratch_dir("hp-rope");
-    // qwen3's graph asserts head size == n_rot; llama.cpp's loader does not check it
-    let raw = seed(&dir, "tiny-qwen3-0.6b");
-    let f = write_case(&dir, "rot", &raw, |r| {
-        r.set("qwen3.rope.dimension_count", GgufValue::U32(32))
-    });
-    assert_clean_failure(
-        &run_one_token(&f),
-        &["'qwen3.rope.dimension_count' is 32", "head size (64"],
-    );
-    // and K heads of another size than the tensors hold
-    let f = write_case(&dir, "keylen", &raw, |r| {
-        r.set("qwen3.attention.key_length", GgufValue::U32(32));
-        r.set("qwen3.attention.value_length", GgufValue::U32(32));
-        r.set("qwen3.rope.dimension_count", GgufValue::U32(32));
-    });
-    assert_clean_failure(&run_one_token(&f), &["'qwen3.attention.head_count'", "attn_q.weight"]);
-}
-
-#[test]
-fn duplicate_vocabulary_strings_fail_cleanly() {
-    let dir = common::scratch_dir("hp-vocab-dup");
-    let raw = seed(&dir, "tiny-llama3.2-1b");
-    let f = write_case(&dir, "dup", &raw, |r| {
-        let Some(GgufValue::Array(GgufArray::String(t))) = r.get("tokenizer.ggml.tokens").cloned() else {
-            panic!("no tokens");
-        };
-        let mut t = t;
-        t[300] = t[200].clone();
-        r.set("tokenizer.ggml.tokens", GgufValue::Array(GgufArray::String(t)));
-    });
-    assert_clean_failure(
-        &run_one_token(&f),
-        &["'tokenizer.ggml.tokens'", "twice, at token 200 and token 300"],
-    );
-}
-
-// Crashes the fuzzer found after those (signal 6 before the fixes).
-
-#[test]
-fn fuzzer_findings_fail_cleanly() {
-    let dir = common::scratch_dir("hp-fuzz-findings");
-    let raw = seed(&dir, "tiny-qwen3-0.6b");
-    // no vocabulary: llama.cpp has no tokenizer, and tokenizing aborted
-    let f = write_case(&dir, "none", &raw, |r| {
-        r.set("tokenizer.ggml.model", GgufValue::String("none".into()))
-    });
-    assert_clean_failure(&run_one_token(&f), &["has no vocabulary"]);
-    // a SentencePiece vocabulary without byte tokens: byte_to_token threw
-    let f = write_case(&dir, "spm", &raw, |r| {
-        r.set("tokenizer.ggml.model", GgufValue::String("llama".into()))
-    });
-    assert_clean_failure(&run_one_token(&f), &["'tokenizer.ggml.tokens'", "no byte token <0x00>"]);
-    // a NaN norm epsilon: ggml's rms_norm asserts eps >= 0
-    let f = write_case(&dir, "eps", &raw, |r| {
-        r.set("qwen3.attention.layer_norm_rms_epsilon", GgufValue::F32(f32::NAN))
-    });
-    assert_clean_failure(&run_one_token(&f), &["'qwen3.attention.layer_norm_rms_epsilon' is NaN"]);
-    // a quantized norm: the CPU backend's binary ops abort
-    let f = write_case(&dir, "norm-type", &raw, |r| {
-        let t = r.tensors.iter_mut().find(|t| t.name == b"output_norm.weight").unwrap();
-        // 256 f32 (1 KiB) hold 256 q8_0 values (272 bytes)
-        t.ty = GgmlType::Q8_0.id();
-    });
-    assert_clean_failure(
-        &run_one_token(&f),
-        &["tensor 'output_norm.weight' is a one-dimensional q8_0 tensor"],
-    );
-}
-
-#[test]
-fn special_token_the_tokenizer_adds_but_lacks_fails_cleanly() {
-    let dir = common::scratch_dir("hp-bos");
-    // a Unigram tokenizer adding a BOS whose id is out of range: llama.cpp
-    // disables the id at load, then asserted it when tokenizing
-    let raw = seed(&dir, "tiny-llama3.2-1b");
-    let f = write_case(&dir, "bos", &raw, |r| {
-        r.set("tokenizer.ggml.model", GgufValue::String("t5".into()));
-        r.set("tokenizer.ggml.add_bos_token", GgufValue::Bool(true));
-        r.set("tokenizer.ggml.bos_token_id", GgufValue::U32(1024));
-    });
-    assert_clean_failure(
-        &run_one_token(&f),
-        &[
-            "adds a BOS token",
-            "'tokenizer.ggml.bos_token_id' is missing or out of range",
-        ],
-    );
+fn earlier_aborts_fail_cleanly_in_the_server() {
+    let dir = common::scratch_dir("hp-aborts-server");
+    for a in earlier_aborts(&dir) {
+        let m = a.file.to_str().unwrap();
+        for (exe, pre, budget) in [
+            (env!("CARGO_BIN_EXE_pipeshard-server"), None, None),
+            (env!("CARGO_BIN_EXE_pipeshard-server"), None, Some("1GiB")),
+            (env!("CARGO_BIN_EXE_pipeshard"), Some("serve"), None),
+        ] {
+            let port = common::server::free_port().to_string();
+            let mut cmd = Command::new(exe);
+            cmd.args(pre).args(["-m", m, "--port", &port, "-c", "128", "-t", "2"]);
+            if let Some(b) = budget {
+                cmd.args(["--vram-budget", b]);
+            }
+            let what = format!("{exe} {pre:?} budget {budget:?} on {m}");
+            let (status, log) = exit_within(cmd, Duration::from_secs(60));
+            assert_eq!(status.code(), Some(1), "{what}: status {status:?}, stderr:\n{log}");
+            for n in a.needles {
+                assert!(log.contains(n), "{what}: expected {n:?} in:\n{log}");
+            }
+            assert!(!log.contains("panicked"), "{what}: panicked:\n{log}");
+        }
+    }
+    // the draft model and the projector are checked too, before the target loads
+    let good = common::synth_tiny_model(&dir, "tiny-llama3.2-1b", Quant::Q4_0);
+    let bad = &earlier_aborts(&dir)[0];
+    for flag in ["-md", "--mmproj"] {
+        let port = common::server::free_port().to_string();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pipeshard-server"));
+        cmd.args([
+            "-m",
+            good.to_str().unwrap(),
+            flag,
+            bad.file.to_str().unwrap(),
+            "--port",
+            &port,
+        ]);
+        let (status, log) = exit_within(cmd, Duration::from_secs(60));
+        assert_eq!(status.code(), Some(1), "{flag}: {status:?}, stderr:\n{log}");
+        for n in bad.needles {
+            assert!(log.contains(n), "{flag}: expected {n:?} in:\n{log}");
+        }
+    }
 }
 
 /// Every preset, full-size ones included, passes the checks: the rules are
@@ -275,5 +401,40 @@ fn fuzz_slice_has_no_crashes_or_hangs() {
         c.loaded > 20 && c.rejected_by_llama > 20 && c.rejected_by_pipeshard > 200,
         "{c:?}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A bounded slice of the fuzzer through the server's start-up
+/// (`fuzz-gguf --server`): no signal, no hang, and some cases load.
+#[test]
+fn server_fuzz_slice_has_no_crashes_or_hangs() {
+    let dir = common::scratch_dir("fuzz-slice-server");
+    let out = pipeshard(&[
+        "fuzz-gguf",
+        "--server",
+        "--seed",
+        "20261128",
+        "--cases",
+        "120",
+        "--jobs",
+        "2",
+        "--no-default-model",
+        "--timeout-s",
+        "60",
+        "--work-dir",
+        dir.to_str().unwrap(),
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: FuzzReport = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}; stderr:\n{stderr}"));
+    let c = &report.counts;
+    assert_eq!(c.cases, 120, "{stderr}");
+    assert_eq!(
+        (c.signals, c.hangs, c.other_failures),
+        (0, 0, 0),
+        "failures: {:#?}\n{stderr}",
+        report.failures
+    );
+    assert!(c.loaded > 5 && c.rejected_by_pipeshard > 30, "{c:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

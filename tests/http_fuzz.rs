@@ -206,3 +206,135 @@ fn known_issue_classes_are_answered() {
     ]);
     assert!(status.success(), "{stderr}");
 }
+
+/// A slot action on a slot that does not exist is a 400, and the file it
+/// names is neither written nor read: before patch 0045 the id was taken
+/// modulo the slot count, so a save of slot 2 with `-np 2` wrote slot 0's
+/// empty state over the user's file and answered 200.
+#[test]
+fn slot_actions_on_a_missing_slot_are_400_and_touch_no_file() {
+    let dir = work_dir("slot-actions");
+    let slots = std::path::Path::new(&dir).join("slots");
+    std::fs::create_dir_all(&slots).unwrap();
+    let kept = slots.join("kept.bin");
+    std::fs::write(&kept, b"a user's saved slot").unwrap();
+    let save_path = format!("{}/", slots.display());
+    let s = server(
+        &dir,
+        &["-c", "1024", "-np", "2", "-t", "2", "--slot-save-path", &save_path],
+    );
+    let body = serde_json::json!({"filename": "kept.bin"});
+    let new_body = serde_json::json!({"filename": "new.bin"});
+    for id in ["2", "3", "-1", "-2", "1000", "2147483647", "-2147483648", "2147483648"] {
+        for action in ["save", "restore", "erase"] {
+            for b in [&body, &new_body] {
+                let (status, answer) = s
+                    .post(&format!("/slots/{id}?action={action}"), b, Duration::from_secs(30))
+                    .unwrap_or_else(|o| panic!("slot {id} {action}: {o:?}"));
+                let answer = String::from_utf8_lossy(&answer);
+                assert_eq!(status, 400, "slot {id} {action}: {answer}");
+                assert!(answer.contains("Invalid slot ID"), "slot {id} {action}: {answer}");
+            }
+        }
+    }
+    assert_eq!(std::fs::read(&kept).unwrap(), b"a user's saved slot");
+    assert!(!slots.join("new.bin").exists());
+    // an existing slot still saves
+    let (status, _) = s
+        .post("/slots/1?action=save", &new_body, Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(status, 200);
+    assert!(slots.join("new.bin").exists());
+}
+
+/// A grammar whose rules start more parse stacks than the sampler keeps
+/// (4096) is a 400 naming the limit when the request is parsed (the
+/// grammar field and a JSON schema, on both completion endpoints); before,
+/// 20,000 alternatives ran for 7-11 s and then answered 500.
+#[test]
+fn grammar_past_the_parse_stack_limit_is_400_at_once() {
+    let dir = work_dir("grammar-stacks");
+    let s = server(&dir, &["-c", "1024", "-np", "2", "-t", "2"]);
+    let alts: Vec<String> = (0..20_000).map(|i| format!("\"{i}\"")).collect();
+    let grammar = format!("root ::= {}", alts.join(" | "));
+    // the same alternatives one rule down, reached after a first character
+    let nested = format!("root ::= \"a\" x\nx ::= {}", alts.join(" | "));
+    let values: Vec<String> = (0..20_000).map(|i| i.to_string()).collect();
+    let schema = serde_json::json!({"type": "string", "enum": values});
+    let cases = [
+        (
+            "/completion",
+            serde_json::json!({"prompt": "Pick", "n_predict": 4, "grammar": grammar}),
+        ),
+        (
+            "/completion",
+            serde_json::json!({"prompt": "Pick", "n_predict": 4, "grammar": nested}),
+        ),
+        (
+            "/completion",
+            serde_json::json!({"prompt": "Pick", "n_predict": 4, "json_schema": schema}),
+        ),
+        (
+            "/v1/completions",
+            serde_json::json!({"prompt": "Pick", "max_tokens": 4, "grammar": grammar}),
+        ),
+    ];
+    for (path, body) in cases {
+        let t0 = Instant::now();
+        let (status, answer) = s.post(path, &body, Duration::from_secs(60)).unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        let took = t0.elapsed();
+        assert_eq!(status, 400, "{path}: {answer}");
+        assert!(answer.contains("more than 4096 parse stacks"), "{path}: {answer}");
+        assert!(took < Duration::from_secs(3), "{path}: took {took:?}");
+    }
+    // a grammar within the limit still runs
+    let small: Vec<String> = (0..100).map(|i| format!("\"{i}\"")).collect();
+    let body =
+        serde_json::json!({"prompt": "Pick", "n_predict": 4, "grammar": format!("root ::= {}", small.join(" | "))});
+    let (status, answer) = s.post("/completion", &body, Duration::from_secs(60)).unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+}
+
+/// Malformed framing on a connection the client keeps open is answered
+/// with a 400 or closed within the server's read timeout (`--timeout`).
+#[test]
+fn malformed_framing_is_answered_or_closed_within_the_read_timeout() {
+    use std::io::{Read, Write};
+    let dir = work_dir("framing");
+    let s = server(&dir, &["-c", "1024", "-np", "2", "-t", "2", "--timeout", "2"]);
+    let mut hello = vec![0x16, 0x03, 0x01, 0x00, 0xc4, 0x01, 0x00, 0x00, 0xc0, 0x03, 0x03];
+    hello.extend([7u8; 32]);
+    let cases: [(&str, Vec<u8>); 4] = [
+        ("TLS ClientHello", hello),
+        ("bare-LF request", b"GET /health HTTP/1.1\nHost: x\n\n".to_vec()),
+        (
+            "bare-LF headers",
+            b"GET /health HTTP/1.1\r\nHost: x\nAccept: */*\n\n".to_vec(),
+        ),
+        (
+            "chunked body with bare LF",
+            b"POST /completion HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\n{}  \n0\n\n".to_vec(),
+        ),
+    ];
+    for (what, bytes) in cases {
+        let mut c = std::net::TcpStream::connect(s.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let t0 = Instant::now();
+        c.write_all(&bytes).unwrap();
+        let mut answer = Vec::new();
+        let read = c.read_to_end(&mut answer);
+        let took = t0.elapsed();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(read.is_ok() || answer.is_empty(), "{what}: {read:?}");
+        assert!(
+            took < Duration::from_secs(5),
+            "{what}: open for {took:?}, answer {answer:?}"
+        );
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 400"),
+            "{what}: {answer}"
+        );
+    }
+    assert_eq!(s.get("/health", Duration::from_secs(5)).unwrap().0, 200);
+}

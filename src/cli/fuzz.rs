@@ -1,4 +1,5 @@
-//! `pipeshard fuzz-gguf`: structure-aware fuzzing of the model-file path.
+//! `pipeshard fuzz-gguf`: structure-aware fuzzing of the model-file path,
+//! through `pipeshard run` or (`--server`) the server's start-up.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -6,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 
-use pipeshard::fuzz::{self, FuzzOptions, CASE_PLACEHOLDER};
+use pipeshard::fuzz::{self, FuzzOptions, CASE_PLACEHOLDER, PORT_PLACEHOLDER};
 use pipeshard::synth::{self, Quant, SynthOptions};
 use pipeshard::{default_model, progress};
 
@@ -63,10 +64,62 @@ pub struct FuzzArgs {
     /// them through the child (faster; the child would run the same checks).
     #[arg(long = "skip-rejected")]
     pub skip_rejected: bool,
+    /// Load each case by starting the server (`pipeshard serve`) on it,
+    /// instead of `pipeshard run`: loaded means healthy.
+    #[arg(long = "server")]
+    pub server: bool,
+    /// With --server: the server plans for this budget (e.g. 1GiB).
+    #[arg(long = "vram-budget", requires = "server")]
+    pub vram_budget: Option<String>,
     /// Print the report as JSON on stdout.
     #[arg(long = "json")]
     pub json: bool,
 }
+
+/// `pipeshard run` on the case for one token, on the CPU.
+const RUN_LOADER: &[&str] = &[
+    "run",
+    "-m",
+    CASE_PLACEHOLDER,
+    "-p",
+    "Hello",
+    "-n",
+    "1",
+    "-c",
+    "128",
+    "-b",
+    "64",
+    "--ubatch-size",
+    "64",
+    "-t",
+    "1",
+    "--n-gpu-layers",
+    "0",
+    "--quiet",
+];
+
+/// The server started on the case, on the CPU (with its warm-up decode).
+const SERVER_LOADER: &[&str] = &[
+    "serve",
+    "-m",
+    CASE_PLACEHOLDER,
+    "--host",
+    "127.0.0.1",
+    "--port",
+    PORT_PLACEHOLDER,
+    "-c",
+    "128",
+    "-b",
+    "64",
+    "-ub",
+    "64",
+    "-t",
+    "1",
+    "-ngl",
+    "0",
+    "-np",
+    "1",
+];
 
 pub fn fuzz_cmd(global: &GlobalArgs, args: FuzzArgs) -> Result<()> {
     let work_dir = args
@@ -96,27 +149,13 @@ pub fn fuzz_cmd(global: &GlobalArgs, args: FuzzArgs) -> Result<()> {
         loader.push("--backend-dir".into());
         loader.push(d.clone().into_os_string());
     }
-    for a in [
-        "run",
-        "-m",
-        CASE_PLACEHOLDER,
-        "-p",
-        "Hello",
-        "-n",
-        "1",
-        "-c",
-        "128",
-        "-b",
-        "64",
-        "--ubatch-size",
-        "64",
-        "-t",
-        "1",
-        "--n-gpu-layers",
-        "0",
-        "--quiet",
-    ] {
-        loader.push(a.into());
+    loader.extend(
+        if args.server { SERVER_LOADER } else { RUN_LOADER }
+            .iter()
+            .map(OsString::from),
+    );
+    if let Some(b) = &args.vram_budget {
+        loader.extend(["--vram-budget".into(), b.into()]);
     }
 
     let opts = FuzzOptions {
@@ -131,6 +170,7 @@ pub fn fuzz_cmd(global: &GlobalArgs, args: FuzzArgs) -> Result<()> {
         timeout: Duration::from_secs(args.timeout_s),
         mem_limit_mib: args.mem_limit_mib,
         skip_rejected: args.skip_rejected,
+        server: args.server,
     };
     let bar = progress::steps_bar(args.range.cases, "fuzz-gguf");
     let report = fuzz::run(&opts, |c| {

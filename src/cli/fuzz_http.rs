@@ -35,6 +35,10 @@ pub struct FuzzHttpArgs {
     /// Seconds within which every request must be answered or closed.
     #[arg(long = "timeout-s", default_value_t = 120)]
     pub timeout_s: u64,
+    /// Fuzz: the server's read timeout (its `--timeout`), within which
+    /// malformed framing must be answered or its connection closed.
+    #[arg(long = "read-timeout-s", default_value_t = 5)]
+    pub read_timeout_s: u64,
     /// Known issue classes to send (comma-separated, `all` or `none`):
     /// grammar-depth, grammar-nul, grammar-token-ref, grammar-range,
     /// grammar-min-max, id-slot. Upstream's server crashes or hangs on them
@@ -118,6 +122,7 @@ pub fn fuzz_http_cmd(global: &GlobalArgs, args: FuzzHttpArgs) -> Result<()> {
     };
     let slots = work_dir.join("slots").display().to_string();
     let grace = args.grace_s.to_string();
+    let read_timeout = args.read_timeout_s.to_string();
     let defaults: Vec<&str> = match args.mode {
         // 256 tokens a slot keeps the cases that generate until the context is full short;
         // the prompt cache is bounded (default 8 GiB) so that RSS shows leaks, not cached prompts
@@ -133,6 +138,8 @@ pub fn fuzz_http_cmd(global: &GlobalArgs, args: FuzzHttpArgs) -> Result<()> {
             "--slot-save-path",
             &slots,
             "--metrics",
+            "--timeout",
+            &read_timeout,
         ],
         Mode::Soak => vec!["-c", "16384", "-np", "32", "-t", "2"],
         Mode::Shutdown => vec!["-c", "8192", "-np", "4", "-t", "2", "--shutdown-timeout", &grace],
@@ -232,6 +239,7 @@ fn fuzz(args: &FuzzHttpArgs, known: Vec<KnownIssue>, server: ServerSpec, work_di
         cases: args.range.cases,
         jobs: args.jobs.max(1),
         timeout: Duration::from_secs(args.timeout_s),
+        read_timeout: Duration::from_secs(args.read_timeout_s),
         known,
         server,
         rss_growth_limit: args.rss_growth_mib << 20,

@@ -88,14 +88,28 @@ fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
     .collect()
 }
 
-/// Parse the command line, run it, and map errors to exit code 1.
+/// Parse the command line, run it, and map errors (a bad option among
+/// them) to exit code 1.
 pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     // `serve` hands its arguments to llama-server as they are.
-    let cli = if args.get(1).map(String::as_str) == Some("serve") {
-        Cli::parse_from(args)
+    let parsed = if args.get(1).map(String::as_str) == Some("serve") {
+        Cli::try_parse_from(args)
     } else {
-        Cli::parse_from(normalize_args(args.into_iter()))
+        Cli::try_parse_from(normalize_args(args.into_iter()))
+    };
+    let cli = match parsed {
+        Ok(cli) => cli,
+        // clap's message; a bad option exits 1 in every tool, as
+        // llama-server does (help and version are not errors)
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
     };
     if let Command::Serve(args) = cli.command {
         return serve::run(&cli.global, args);

@@ -9,8 +9,6 @@ pub enum EngineError {
     ModelMissing { path: PathBuf },
     #[error("{path} is not a usable GGUF model: {reason}")]
     InvalidModel { path: PathBuf, reason: String },
-    #[error("{path} loads, but its vocabulary cannot be used: {reason}")]
-    UnusableVocab { path: PathBuf, reason: String },
     #[error("llama.cpp failed to load the model {path} (see the log above for its reason)")]
     ModelLoad { path: PathBuf },
     #[error("model loading was cancelled")]
@@ -19,10 +17,6 @@ pub enum EngineError {
     ContextCreate { n_ctx: u32, n_batch: u32, n_ubatch: u32 },
     #[error("no ggml backend could be loaded from {searched}; pass --backend-dir or set PIPESHARD_BACKEND_DIR")]
     NoBackend { searched: String },
-    #[error(
-        "the model {path} has no vocabulary (tokenizer.ggml.model is none), so it cannot tokenize or detokenize text"
-    )]
-    NoVocab { path: PathBuf },
     #[error("tokenization of {len} bytes failed")]
     Tokenize { len: usize },
     #[error("text contains an interior NUL byte")]

@@ -44,7 +44,7 @@ pub use migrate::{
     cancel_staged, commit_staged, migrate_weights, migrate_weights_to, move_weights, residence_buffer_types,
     stage_state, stage_weights, stage_weights_to, ContextRef, MigrationReport, Residence, StageState, WeightMove,
 };
-pub use model::{apply_chat_template, ChatMessage, Model, ModelParams, Token};
+pub use model::{apply_chat_template, check_model_file, ChatMessage, Model, ModelParams, Token};
 pub use placement::{
     stream_schedule, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery, OpKind, RowSplitPolicy, StreamStep,
     TensorPlacement,

@@ -91,8 +91,9 @@ unsafe extern "C" fn progress_trampoline(progress: f32, user: *mut c_void) -> bo
 
 /// Everything llama.cpp trusts in a model file, checked in one place
 /// before any llama.cpp call reads it, so that no caller can hand it a file
-/// that would make it abort.
-pub(crate) fn check_model_file(path: &Path) -> Result<()> {
+/// that would make it abort: every path that loads a model (`run`, `plan`,
+/// `bench`, the server's target, draft and projector) calls this.
+pub fn check_model_file(path: &Path) -> Result<()> {
     if !path.exists() {
         return Err(EngineError::ModelMissing {
             path: path.to_path_buf(),
@@ -178,12 +179,6 @@ impl Model {
                     ptr,
                     path: path.to_path_buf(),
                 };
-                model
-                    .check_special_tokens()
-                    .map_err(|reason| EngineError::UnusableVocab {
-                        path: path.to_path_buf(),
-                        reason,
-                    })?;
                 Ok(model)
             }
             None if cancelled.get() => Err(EngineError::LoadCancelled),
@@ -311,72 +306,9 @@ impl Model {
         unsafe { ffi::llama_vocab_get_add_bos(self.vocab()) }
     }
 
-    /// Whether the model has a vocabulary (`tokenizer.ggml.model` other than
-    /// `none`/`no_vocab`); without one llama.cpp has no tokenizer, and asking
-    /// it to tokenize aborts.
-    pub fn has_vocab(&self) -> bool {
-        // SAFETY: plain query on a valid vocab.
-        unsafe { ffi::llama_vocab_type(self.vocab()) != ffi::LLAMA_VOCAB_TYPE_NONE }
-    }
-
-    fn check_vocab(&self) -> Result<()> {
-        if self.has_vocab() {
-            Ok(())
-        } else {
-            Err(EngineError::NoVocab {
-                path: self.path.clone(),
-            })
-        }
-    }
-
-    /// The special tokens llama.cpp's tokenizer asserts it has when it adds
-    /// them (`GGML_ASSERT(special_bos_id != LLAMA_TOKEN_NULL)` and the like,
-    /// in `llama_vocab::impl::tokenize`): a file that asks for a BOS, EOS or
-    /// separator token whose id is missing or out of range is refused,
-    /// naming the keys. Read after loading, from llama.cpp's own resolution
-    /// of the defaults of each vocabulary type.
-    fn check_special_tokens(&self) -> std::result::Result<(), String> {
-        if !self.has_vocab() {
-            return Ok(());
-        }
-        let v = self.vocab();
-        // SAFETY: plain queries on a valid vocab.
-        let (ty, add_bos, add_eos, bos, eos, sep) = unsafe {
-            (
-                ffi::llama_vocab_type(v),
-                ffi::llama_vocab_get_add_bos(v),
-                ffi::llama_vocab_get_add_eos(v),
-                ffi::llama_vocab_bos(v),
-                ffi::llama_vocab_eos(v),
-                ffi::llama_vocab_sep(v),
-            )
-        };
-        let (need_bos, need_eos, need_sep) = match ty {
-            ffi::LLAMA_VOCAB_TYPE_SPM | ffi::LLAMA_VOCAB_TYPE_UGM | ffi::LLAMA_VOCAB_TYPE_PLAMO2 => {
-                (add_bos, add_eos, false)
-            }
-            ffi::LLAMA_VOCAB_TYPE_WPM => (true, false, true),
-            _ => (false, false, false),
-        };
-        for (needed, id, what, key) in [
-            (need_bos, bos, "a BOS", "tokenizer.ggml.bos_token_id"),
-            (need_eos, eos, "an EOS", "tokenizer.ggml.eos_token_id"),
-            (need_sep, sep, "a separator", "tokenizer.ggml.seperator_token_id"),
-        ] {
-            if needed && id < 0 {
-                return Err(format!(
-                    "its tokenizer adds {what} token, but metadata key '{key}' is missing or out of range (the vocabulary has {} tokens)",
-                    self.n_vocab()
-                ));
-            }
-        }
-        Ok(())
-    }
-
     /// Tokenize text. `add_special` adds BOS/EOS as the model wants;
     /// `parse_special` turns special-token text (e.g. `<|im_start|>`) into tokens.
     pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<Token>> {
-        self.check_vocab()?;
         let len: i32 = text
             .len()
             .try_into()
@@ -408,7 +340,6 @@ impl Model {
     }
 
     fn check_token(&self, token: Token) -> Result<()> {
-        self.check_vocab()?;
         let n_vocab = self.n_vocab();
         if token < 0 || token >= n_vocab {
             return Err(EngineError::TokenOutOfRange { token, n_vocab });
@@ -442,7 +373,6 @@ impl Model {
 
     /// Turn tokens back into text.
     pub fn detokenize(&self, tokens: &[Token], remove_special: bool, unparse_special: bool) -> Result<String> {
-        self.check_vocab()?;
         for &t in tokens {
             self.check_token(t)?;
         }

@@ -143,7 +143,7 @@ impl<'m> VisionProjector<'m> {
         if !mmproj.is_file() {
             return Err(fail("no such file"));
         }
-        crate::gguf::GgufFile::open(mmproj).map_err(|e| fail(&e.to_string()))?;
+        super::check_model_file(mmproj)?;
         let c_path = CString::new(mmproj.to_string_lossy().as_bytes()).map_err(|_| EngineError::NulInText)?;
         // SAFETY: default params are plain data.
         let mut p = unsafe { ffi::mtmd_context_params_default() };

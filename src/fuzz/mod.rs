@@ -13,7 +13,8 @@
 //! Then every case runs in the child, and the child must agree: a case the
 //! checks reject must fail with pipeshard's message and exit code 1, a case
 //! they pass must get past them. [`FuzzOptions::skip_rejected`] leaves out
-//! the child for rejected cases, for speed.
+//! the child for rejected cases, for speed. With [`FuzzOptions::server`]
+//! the child is the server, and a case has loaded when it is healthy.
 
 pub mod http;
 pub mod mutate;
@@ -30,6 +31,10 @@ use mutate::{mutate, Case, RawGguf, Rng};
 
 /// What stands in for the case's path in [`FuzzOptions::loader`].
 pub const CASE_PLACEHOLDER: &str = "{case}";
+
+/// What stands in for a free loopback port in a server's
+/// [`FuzzOptions::loader`].
+pub const PORT_PLACEHOLDER: &str = "{port}";
 
 /// How a fuzzing run is done.
 #[derive(Debug, Clone)]
@@ -59,6 +64,11 @@ pub struct FuzzOptions {
     pub mem_limit_mib: u64,
     /// Do not run the cases pipeshard's checks reject through the child.
     pub skip_rejected: bool,
+    /// The loader is a server listening on [`PORT_PLACEHOLDER`]: a case
+    /// has loaded once its `/health` answers 200, and the server is then
+    /// stopped (its start-up, from the model check through llama.cpp's load
+    /// and warm-up, is what is fuzzed).
+    pub server: bool,
 }
 
 /// Counts of a fuzzing run.
@@ -187,12 +197,22 @@ fn passes_checks(bytes: &[u8]) -> Result<bool, String> {
 
 /// Runs the loader on `path`, with the timeout and memory limit.
 fn run_child(opts: &FuzzOptions, path: &Path, log: &Path) -> Result<Outcome, FuzzError> {
+    let port = if opts.server {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(io_err("finding a free port"))?
+            .port()
+    } else {
+        0
+    };
     let args: Vec<OsString> = opts
         .loader
         .iter()
         .map(|a| {
             if a == CASE_PLACEHOLDER {
                 path.as_os_str().to_owned()
+            } else if a == PORT_PLACEHOLDER {
+                port.to_string().into()
             } else {
                 a.clone()
             }
@@ -225,7 +245,12 @@ fn run_child(opts: &FuzzOptions, path: &Path, log: &Path) -> Result<Outcome, Fuz
                 let _ = child.wait();
                 return Ok(Outcome::Hang);
             }
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Ok(None) if opts.server && healthy(port) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Ok(Outcome::Loaded);
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(if opts.server { 50 } else { 5 })),
             Err(e) => return Err(io_err("waiting for the loader")(e)),
         }
     };
@@ -241,9 +266,29 @@ fn run_child(opts: &FuzzOptions, path: &Path, log: &Path) -> Result<Outcome, Fuz
         Some(0) => Outcome::Loaded,
         Some(1) if stderr.contains("is not a usable GGUF model") => Outcome::RejectedByPipeshard,
         Some(1) if stderr.contains("error:") && !stderr.contains("panicked") => Outcome::RejectedByLlama,
+        // llama-server reports a failed load in its own words
+        Some(1) if opts.server && !stderr.contains("panicked") => Outcome::RejectedByLlama,
         Some(c) => Outcome::Other(format!("exit code {c}")),
         None => Outcome::Other("no exit code".into()),
     })
+}
+
+/// Whether a server on loopback `port` answers `/health` with 200 (its
+/// model loaded and warmed up).
+fn healthy(port: u16) -> bool {
+    use std::io::Write;
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
 }
 
 /// Runs the fuzzer: `opts.cases` cases over `opts.jobs` workers. `progress`

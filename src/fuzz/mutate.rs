@@ -331,8 +331,14 @@ fn mutate_hparam(raw: &mut RawGguf, rng: &mut Rng) -> String {
                 1 => n_layer.saturating_sub(1),
                 _ => n_layer,
             };
-            let mut a: Vec<u32> = vec![current.unwrap_or(v) as u32; len];
-            if let Some(x) = a.get_mut(rng.below(len.max(1))) {
+            let c = current.unwrap_or(v) as u32;
+            let mut a: Vec<u32> = vec![c; len];
+            if rng.one_in(2) {
+                // layers that differ (llama.cpp's graphs may size every
+                // layer by layer 0's value)
+                let choices = [c, v as u32, 0, 1, c.saturating_mul(2), c / 2];
+                a.iter_mut().for_each(|x| *x = *rng.pick(&choices));
+            } else if let Some(x) = a.get_mut(rng.below(len.max(1))) {
                 *x = v as u32;
             }
             GgufValue::Array(if rng.one_in(2) {

@@ -6,7 +6,8 @@
 //! takes on trust and then stops the process with `GGML_ASSERT` when they
 //! are out of range: a `block_count` above `LLAMA_MAX_LAYERS`, an
 //! `expert_count` above `LLAMA_MAX_EXPERTS` or below `expert_used_count`, a
-//! head size unlike `rope.dimension_count`, duplicate vocabulary strings, an
+//! per-layer `expert_used_count` above layer 0's (which most graphs size
+//! every layer by), a head size unlike `rope.dimension_count`, duplicate vocabulary strings, an
 //! unknown `rope.scaling.type`. [`validate`] checks each of those (and the
 //! types of the scalar keys llama.cpp reads) and names the offending key, so
 //! that a bad file fails with a message instead of an abort.
@@ -605,6 +606,10 @@ fn check_experts(f: &GgufFile, arch: &str, n_layer: u32) -> Result<(), HparamErr
         }
     }
 
+    if n_expert > 0 {
+        check_experts_per_layer(f, arch, &k_used, &used)?;
+    }
+
     // The stacked expert tensors hold expert_count matrices; the router
     // scores expert_count experts.
     for t in f.tensors() {
@@ -635,6 +640,40 @@ fn check_experts(f: &GgufFile, arch: &str, n_layer: u32) -> Result<(), HparamErr
                     shape,
                 },
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Architectures whose graph routes each layer's own `expert_used_count`
+/// (the others route layer 0's in every layer).
+const EXPERTS_USED_PER_LAYER: &[&str] = &["nemotron_h", "nemotron_h_moe"];
+
+/// A per-layer `expert_used_count` as `build_moe_ffn` uses it: each layer
+/// with routed experts sums `n_expert_used(il)` of the experts the graph
+/// computed, which are layer 0's count for most architectures (a larger
+/// count views past them: `GGML_ASSERT(view_src == NULL || ...)`), and at
+/// least one.
+fn check_experts_per_layer(f: &GgufFile, arch: &str, k_used: &str, used: &[u32]) -> Result<(), HparamError> {
+    let per_layer = EXPERTS_USED_PER_LAYER.contains(&arch);
+    for t in f.tensors() {
+        let role = TensorRole::from_name(&t.name);
+        if !matches!(
+            role,
+            TensorRole::MoeRouter | TensorRole::MoeGateExps | TensorRole::MoeUpExps | TensorRole::MoeDownExps
+        ) {
+            continue;
+        }
+        let Some((il, _)) = parse_layer(&t.name) else { continue };
+        let Some(&n) = used.get(il as usize) else { continue };
+        let most = if per_layer { u32::MAX } else { used[0] };
+        if n == 0 || n > most {
+            let allowed = if per_layer {
+                format!("at least 1 in layer {il}, which has routed experts")
+            } else {
+                format!("1 to layer 0's count ({most}) in layer {il}: {arch} routes layer 0's count in every layer")
+            };
+            return Err(out_of_range(f.path(), k_used, format!("{used:?}"), allowed));
         }
     }
     Ok(())
@@ -789,8 +828,15 @@ fn is_byte_token_text(s: &str) -> bool {
 fn check_vocab(f: &GgufFile, arch: &str) -> Result<(), HparamError> {
     let path = f.path();
     let model = f.get_str("tokenizer.ggml.model");
-    if matches!(model, Some("none" | "no_vocab")) {
-        return Ok(());
+    if let Some(m @ ("none" | "no_vocab")) = model {
+        // llama.cpp then has no tokenizer, and asserts one when asked to
+        // tokenize, which every pipeshard command and the server do
+        return Err(out_of_range(
+            path,
+            "tokenizer.ggml.model",
+            format!("{m:?}"),
+            "the model has no vocabulary, and pipeshard runs models that tokenize text",
+        ));
     }
     let k_tokens = "tokenizer.ggml.tokens";
     let tokens = match f.get(k_tokens) {
@@ -1078,6 +1124,25 @@ mod tests {
             set(kv, "llama.expert_used_count", GgufArray::U32(vec![2, 0, 1]));
         });
         assert!(e.to_string().contains("has 3 entries but block_count is 2"), "{e}");
+        // per layer: llama routes layer 0's count in every layer
+        let e = err(|kv, t| {
+            moe(kv, t, 4);
+            set(kv, "llama.expert_used_count", GgufArray::U32(vec![1, 4]));
+        });
+        assert_eq!(e.key(), "llama.expert_used_count");
+        assert!(e.to_string().contains("1 to layer 0's count (1) in layer 1"), "{e}");
+        let e = err(|kv, t| {
+            moe(kv, t, 4);
+            set(kv, "llama.expert_used_count", GgufArray::U32(vec![2, 0]));
+        });
+        assert!(e.to_string().contains("in layer 1"), "{e}");
+        for ok in [vec![4, 1], vec![2, 2]] {
+            validate(&llama(|kv, t| {
+                moe(kv, t, 4);
+                set(kv, "llama.expert_used_count", GgufArray::U32(ok));
+            }))
+            .unwrap();
+        }
         let e = err(|kv, t| {
             moe(kv, t, 4);
             set(kv, "llama.expert_group_count", 3u32);
@@ -1237,7 +1302,10 @@ mod tests {
             )
         });
         assert!(e.to_string().contains("marks token 2 (\"t2\") as a byte token"), "{e}");
-        // no vocabulary at all is llama.cpp's business
-        validate(&llama(|kv, _| set(kv, "tokenizer.ggml.model", "none"))).unwrap();
+        // no vocabulary at all: nothing pipeshard runs can tokenize
+        for m in ["none", "no_vocab"] {
+            let e = err(|kv, _| set(kv, "tokenizer.ggml.model", m));
+            assert!(e.to_string().contains("has no vocabulary"), "{e}");
+        }
     }
 }

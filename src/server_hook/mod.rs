@@ -8,7 +8,8 @@
 //! plans for exactly the parameters upstream resolved (context, ubatch,
 //! `-np`, ...) and installs the placement, offload decisions, stream slots
 //! and hybrid split; upstream's `--fit` then leaves the placement alone.
-//! Without them no hook is installed, and the server is llama-server.
+//! Without them the hook only checks each model file as every pipeshard
+//! command does, and the server is otherwise llama-server.
 
 mod live;
 mod options;
@@ -18,7 +19,7 @@ mod tune;
 
 use std::path::PathBuf;
 
-pub use options::{split_args, ServerOptions, HELP};
+pub use options::{help, split_args, ServerOptions};
 pub use plan::{installed, Installed};
 pub use report::{live_metrics, metrics_text, props_json};
 
@@ -51,11 +52,14 @@ pub fn wants_help(args: &[String]) -> bool {
 pub fn serve(program: &str, opts: ServerOptions, upstream: &[String]) -> Result<i32, ServeError> {
     opts.check_files().map_err(ServeError::Options)?;
     engine::init_keep_log(opts.backend_dir.as_deref())?;
+    // Every model file upstream is about to load, as it resolved the path,
+    // is checked first; with a budget or a plan, the load is then placed.
+    let hook_opts = opts.clone();
+    engine::set_load_hook(Box::new(move |req, mp, cp| {
+        check_files(req)?;
+        plan::on_load(&hook_opts, req, mp, cp).map_err(|e| e.to_string())
+    }));
     if opts.plans() {
-        let hook_opts = opts.clone();
-        engine::set_load_hook(Box::new(move |req, mp, cp| {
-            plan::on_load(&hook_opts, req, mp, cp).map_err(|e| e.to_string())
-        }));
         let hook_opts = opts.clone();
         engine::set_projector_hook(Box::new(move |path, p| plan::on_projector(&hook_opts, path, p)));
         // Between batches: the decode split tuned on the first steps
@@ -82,6 +86,16 @@ pub fn serve(program: &str, opts: ServerOptions, upstream: &[String]) -> Result<
     Ok(engine::run_llama_server(program, upstream))
 }
 
+/// The model check every loading path runs ([`engine::check_model_file`]),
+/// on the file upstream is about to load and, for the target, on the draft
+/// model and the projector it loads after it, before llama.cpp reads any.
+fn check_files(req: &engine::LoadRequest) -> Result<(), String> {
+    for path in std::iter::once(&req.model).chain(&req.draft).chain(&req.mmproj) {
+        engine::check_model_file(path).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// The whole command: `args` (without the program name) split into
 /// pipeshard's options and upstream's; a bad pipeshard option prints a
 /// clear message and exits 1; otherwise the server's own exit code.
@@ -97,7 +111,7 @@ pub fn main_with_args(program: &str, args: &[String]) -> std::process::ExitCode 
     crate::logging::init(0);
     // Upstream prints its help and exits; pipeshard's options come first.
     if wants_help(&upstream) {
-        println!("{HELP}\n");
+        println!("{}\n", help());
     }
     let code = match serve(program, opts, &upstream) {
         Ok(code) => code,

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 use crate::launch;
 
@@ -37,77 +37,42 @@ fn parse_probability(s: &str) -> Result<f64, String> {
     }
 }
 
-/// The long names of pipeshard's options; each takes a value.
-const OWN_FLAGS: &[&str] = &[
-    "--vram-budget",
-    "--vram-headroom",
-    "--profile",
-    "--plan",
-    "--stream-slots",
-    "--hybrid-experts",
-    "--dense-split",
-    "--split-tune",
-    "--vision-stream-slots",
-    "--draft-acceptance",
-    "--backend-dir",
-];
+/// What follows pipeshard's options in `--help`, after llama-server's.
+const HELP_TEMPLATE: &str =
+    "----- pipeshard -----\n\n{options}\n\nWithout --vram-budget or --plan, pipeshard-server is llama-server.";
 
-/// pipeshard's options that take no value.
-const OWN_SWITCHES: &[&str] = &["--exact"];
+/// The help text of pipeshard's options, printed after llama-server's;
+/// made from the one definition of the options ([`ServerOptions`]).
+pub fn help() -> String {
+    ServerOptions::command()
+        .help_template(HELP_TEMPLATE)
+        .render_help()
+        .to_string()
+}
 
-/// The help text of pipeshard's options, printed after llama-server's.
-pub const HELP: &str = "\
------ pipeshard -----
-
---vram-budget BYTES|auto     hard VRAM budget, e.g. 4GiB; pipeshard plans the placement
-                             of every weight for it (env: PIPESHARD_VRAM_BUDGET); with
-                             auto the budget follows the card's free memory while serving:
-                             weights move between VRAM and host memory between batches
---vram-headroom SIZE         with auto: VRAM left free for other programs (default: 5% of
-                             the card, at least 512 MiB) (env: PIPESHARD_VRAM_HEADROOM)
---plan FILE                  a saved plan from `pipeshard plan` (env: PIPESHARD_PLAN)
---profile FILE               machine profile for the planner (env: PIPESHARD_PROFILE)
---stream-slots N             device slots for streamed weights, 0-8 (default: 4)
-                             (env: PIPESHARD_STREAM_SLOTS)
---hybrid-experts K           routed experts per token the GPU computes in decode, 0 off
-                             (default: the plan's) (env: PIPESHARD_HYBRID_EXPERTS)
---dense-split SHARE          share (0-1) of each host feed-forward weight's rows the GPU
-                             computes in decode, 0 off (default: the plan's)
-                             (env: PIPESHARD_DENSE_SPLIT)
---split-tune BOOL            choose the decode split (hybrid experts, row share) from the
-                             first decode steps served: the plan's share and the others
-                             around it are timed and the fastest kept (default: true; a share given
-                             above is kept) (env: PIPESHARD_SPLIT_TUNE)
---cpu-copies BOOL            hybrid experts and row split: the CPU computes its part from
-                             repacked copies of those host weights, where host memory holds
-                             them (default: true) (env: PIPESHARD_CPU_COPIES)
---vision-stream-slots N      streaming slots of the vision encoder's weights, 0-8
-                             (default: 4) (env: PIPESHARD_VISION_STREAM_SLOTS)
---exact                      GPU math only (host weights streamed, never computed on the CPU):
-                             token for token the full-GPU result (env: PIPESHARD_EXACT)
---draft-acceptance P         draft-token acceptance the plan assumes for -md (default: 0.7)
-                             (env: PIPESHARD_DRAFT_ACCEPTANCE)
---backend-dir DIR            ggml backend modules (env: PIPESHARD_BACKEND_DIR)
-
-Without --vram-budget or --plan, pipeshard-server is llama-server.";
+/// pipeshard's options as the command line spells them: each long name,
+/// and whether it takes a value (from the one definition, [`ServerOptions`]).
+fn own_flags() -> Vec<(String, bool)> {
+    ServerOptions::command()
+        .get_arguments()
+        .filter_map(|a| Some((format!("--{}", a.get_long()?), a.get_action().takes_values())))
+        .collect()
+}
 
 /// Split `args` (without the program name) into pipeshard's options and
 /// the arguments for llama-server, each in its original order.
 pub fn split_args(args: &[String]) -> (Vec<String>, Vec<String>) {
+    let flags = own_flags();
     let (mut own, mut upstream) = (Vec::new(), Vec::new());
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let name = a.split_once('=').map_or(a.as_str(), |(n, _)| n);
-        if OWN_SWITCHES.contains(&name) {
-            own.push(a.clone());
-            continue;
-        }
-        if !OWN_FLAGS.contains(&name) {
+        let Some(&(_, takes_value)) = flags.iter().find(|(f, _)| f == name) else {
             upstream.push(a.clone());
             continue;
-        }
+        };
         own.push(a.clone());
-        if !a.contains('=') {
+        if takes_value && !a.contains('=') {
             if let Some(v) = it.next() {
                 own.push(v.clone());
             }
@@ -185,6 +150,31 @@ mod tests {
         let (own, up) = split_args(&strings(&["--split-tune", "false", "-np", "4"]));
         assert_eq!(up, strings(&["-np", "4"]));
         assert!(!ServerOptions::parse(&own).unwrap().pipeshard.split_tune);
+    }
+
+    /// Every option pipeshard defines goes to pipeshard's parser, never to
+    /// llama.cpp's, in both spellings, and the help lists it.
+    #[test]
+    fn no_pipeshard_flag_reaches_upstream() {
+        let help = help();
+        let flags = own_flags();
+        assert!(flags.len() >= 14, "{flags:?}");
+        for (flag, takes_value) in &flags {
+            assert!(help.contains(flag.as_str()), "{flag} is not in the help:\n{help}");
+            let mut args = strings(&["-m", "x.gguf", flag]);
+            if *takes_value {
+                args.push("1".into());
+            }
+            let (own, up) = split_args(&args);
+            assert_eq!(up, strings(&["-m", "x.gguf"]), "{flag}");
+            assert_eq!(own, args[2..], "{flag}");
+            let (own, up) = split_args(&strings(&[&format!("{flag}=1"), "-c", "64"]));
+            assert_eq!((own.len(), up), (1, strings(&["-c", "64"])), "{flag}");
+        }
+        // the option the hand-kept list missed
+        let (own, up) = split_args(&strings(&["--cpu-copies", "false", "-np", "2"]));
+        assert_eq!(up, strings(&["-np", "2"]));
+        assert!(!ServerOptions::parse(&own).unwrap().pipeshard.cpu_copies);
     }
 
     #[test]

@@ -95,6 +95,12 @@ pub struct Case {
     /// The whole request, as sent.
     pub request: Vec<u8>,
     pub action: Action,
+    /// The request names something that does not exist (a slot action on a
+    /// slot past the last): any 2xx answer is wrong.
+    pub must_refuse: bool,
+    /// Malformed framing the client keeps the connection open after: it
+    /// must be answered or closed within the server's read timeout.
+    pub framing: bool,
 }
 
 /// What the generator needs to know about the server under test.
@@ -186,6 +192,8 @@ pub fn case(opts: &CaseOptions, index: u64) -> Case {
         r: Rng::for_case(opts.seed, index),
         opts,
         known: None,
+        must_refuse: false,
+        framing: false,
     };
     let (kind, request, action) = g.request();
     Case {
@@ -194,6 +202,8 @@ pub fn case(opts: &CaseOptions, index: u64) -> Case {
         known: g.known,
         request,
         action,
+        must_refuse: g.must_refuse,
+        framing: g.framing,
     }
 }
 
@@ -201,6 +211,8 @@ struct Gen<'a> {
     r: Rng,
     opts: &'a CaseOptions,
     known: Option<KnownIssue>,
+    must_refuse: bool,
+    framing: bool,
 }
 
 impl Gen<'_> {
@@ -928,21 +940,22 @@ impl Gen<'_> {
     }
 
     fn slots_path(&mut self) -> String {
-        let id = match self.r.below(6) {
-            0 => "-1".to_string(),
-            1 => "abc".to_string(),
-            2 => "99999999999999999999".to_string(),
-            3 => {
-                if self.may(KnownIssue::IdSlot) {
-                    self.tag(KnownIssue::IdSlot);
-                    format!("{}", self.opts.n_slots)
-                } else {
-                    "0".to_string()
-                }
+        let n = i64::from(self.opts.n_slots);
+        let (id, exists) = match self.r.below(7) {
+            0 => ("-1".to_string(), false),
+            1 => ("abc".to_string(), false),
+            2 => ("99999999999999999999".to_string(), false),
+            // past the last slot (upstream took it modulo the slot count)
+            3 | 4 => {
+                let id = *self
+                    .r
+                    .pick(&[n, n + 1, 2 * n, 1000, -2, i64::from(i32::MAX), i64::from(i32::MIN)]);
+                (id.to_string(), false)
             }
-            _ => format!("{}", self.r.below(self.opts.n_slots as usize)),
+            _ => (format!("{}", self.r.below(self.opts.n_slots as usize)), true),
         };
         let action = *self.r.pick(&["save", "restore", "erase", "bogus", ""]);
+        self.must_refuse = !exists;
         format!("/slots/{id}?action={action}")
     }
 
@@ -998,6 +1011,9 @@ impl Gen<'_> {
 
     fn raw_http(&mut self) -> (String, Vec<u8>, Action) {
         let body = br#"{"prompt":"Hello","n_predict":2}"#;
+        if self.r.one_in(4) {
+            return self.bad_framing();
+        }
         let (name, req, action): (&str, Vec<u8>, Action) = match self.r.below(16) {
             0 => (
                 "bad-method",
@@ -1097,6 +1113,40 @@ impl Gen<'_> {
             _ => ("empty", Vec::new(), Action::HalfClose),
         };
         (format!("raw/{name}"), req, action)
+    }
+
+    /// Framing no HTTP/1.1 server accepts, on a connection the client keeps
+    /// open (as a client waiting for its answer would).
+    fn bad_framing(&mut self) -> (String, Vec<u8>, Action) {
+        self.framing = true;
+        let body = br#"{"prompt":"Hello","n_predict":2}"#;
+        let (name, req): (&str, Vec<u8>) = match self.r.below(5) {
+            // a TLS 1.2/1.3 ClientHello's first bytes, on the plain port
+            0 => {
+                let mut r = vec![0x16, 0x03, 0x01, 0x00, 0xc4, 0x01, 0x00, 0x00, 0xc0, 0x03, 0x03];
+                r.extend((0..32).map(|_| self.r.next_u64() as u8));
+                r.extend_from_slice(&[0x00, 0x00, 0x04, 0x13, 0x01, 0x13, 0x02, 0x01, 0x00]);
+                ("tls-client-hello", r)
+            }
+            1 => ("bare-lf", b"GET /health HTTP/1.1\nHost: x\n\n".to_vec()),
+            2 => (
+                "bare-lf-headers",
+                b"GET /health HTTP/1.1\r\nHost: x\nAccept: */*\n\n".to_vec(),
+            ),
+            3 => {
+                let mut r = b"POST /completion HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n".to_vec();
+                r.extend_from_slice(format!("{:x}\n", body.len()).as_bytes());
+                r.extend_from_slice(body);
+                r.extend_from_slice(b"\n0\n\n");
+                ("chunked-bare-lf", r)
+            }
+            _ => {
+                let n = 1 + self.r.below(64);
+                let junk: Vec<u8> = (0..n).map(|_| self.r.next_u64() as u8 | 0x80).collect();
+                ("binary-no-newline", junk)
+            }
+        };
+        (format!("raw/{name}"), req, Action::Whole)
     }
 
     fn encoding_case(&mut self, path: &str) -> (String, Vec<u8>, Action) {

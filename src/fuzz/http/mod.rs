@@ -3,7 +3,10 @@
 //! once to a `pipeshard-server` this module starts, while a monitor watches
 //! the process. A run fails on:
 //! - a crash (the server process exits),
-//! - a request neither answered nor cleanly closed within the timeout,
+//! - a request neither answered nor cleanly closed within the timeout (for
+//!   malformed framing, within the server's read timeout),
+//! - a 5xx answer other than upstream's by-design 501 and 503, or a 2xx
+//!   answer to a slot action on a slot that does not exist,
 //! - the server's RSS rising more than [`HttpFuzzOptions::rss_growth_limit`]
 //!   over one case (from just before it was sent to just after its answer;
 //!   with several clients the others' growth counts too, so the bound is
@@ -260,6 +263,9 @@ pub struct HttpFuzzOptions {
     pub jobs: usize,
     /// A request not answered or closed within this is a failure.
     pub timeout: Duration,
+    /// The server's read timeout (its `--timeout`): malformed framing must
+    /// be answered or closed within it (and a little slack).
+    pub read_timeout: Duration,
     /// Known issue classes to send inputs of (see [`KnownIssue`]).
     pub known: Vec<KnownIssue>,
     pub server: ServerSpec,
@@ -323,6 +329,14 @@ impl HttpFuzzReport {
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
+
+/// Upstream's 5xx answers by design: 501 (a feature the server was not
+/// started with) and 503 (loading, or no slot free).
+const BY_DESIGN_5XX: [u16; 2] = [501, 503];
+
+/// How long past the server's read timeout a connection with malformed
+/// framing may stay open (scheduling, the server's poll interval).
+const FRAMING_SLACK: Duration = Duration::from_secs(3);
 
 fn mutate_rng(seed: u64, index: u64) -> crate::fuzz::mutate::Rng {
     crate::fuzz::mutate::Rng::for_case(seed, index)
@@ -455,7 +469,12 @@ pub fn run(opts: &HttpFuzzOptions, progress: impl Fn(u64) + Sync) -> Result<Http
                     let c = cases::case(&case_opts, i);
                     in_flight.lock().unwrap_or_else(|e| e.into_inner()).insert(i);
                     let rss0 = rss_of(pid).unwrap_or(0);
-                    let ex = exchange(addr, &c.request, c.action, opts.timeout);
+                    let within = if c.framing {
+                        opts.timeout.min(opts.read_timeout + FRAMING_SLACK)
+                    } else {
+                        opts.timeout
+                    };
+                    let ex = exchange(addr, &c.request, c.action, within);
                     let rss1 = rss_of(pid).unwrap_or(0);
                     in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&i);
                     let mut r = results.lock().unwrap_or_else(|e| e.into_inner());
@@ -487,6 +506,28 @@ pub fn run(opts: &HttpFuzzOptions, progress: impl Fn(u64) + Sync) -> Result<Http
                             r.server_errors
                                 .insert(c.kind.clone(), format!("case {}: {status} {text}", c.index));
                         }
+                    }
+                    let wrong = match ex.outcome {
+                        Outcome::Answered { status, .. } if c.must_refuse && status < 300 => {
+                            Some(format!("{status} for a slot that does not exist"))
+                        }
+                        Outcome::Answered { status, .. } if status >= 500 && !BY_DESIGN_5XX.contains(&status) => {
+                            Some(format!(
+                                "{status}: {}",
+                                String::from_utf8_lossy(&client::dechunk(&ex.body)[..ex.body.len().min(200)])
+                            ))
+                        }
+                        _ => None,
+                    };
+                    if let Some(what) = wrong {
+                        let file = keep_case(&opts.work_dir, opts.seed, &c);
+                        r.failures.push(HttpFailure {
+                            case: i,
+                            in_flight: vec![i],
+                            kind: c.kind.clone(),
+                            what,
+                            file,
+                        });
                     }
                     if !ex.outcome.is_ok() {
                         r.unanswered += 1;
