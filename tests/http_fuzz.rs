@@ -338,3 +338,21 @@ fn malformed_framing_is_answered_or_closed_within_the_read_timeout() {
     }
     assert_eq!(s.get("/health", Duration::from_secs(5)).unwrap().0, 200);
 }
+
+/// Both `json_schema` and `grammar` on a chat request is the request's
+/// fault: 400 (patch 0047), not the 500 the fuzzer found (seed 1, case 161).
+#[test]
+fn json_schema_and_grammar_together_are_400() {
+    let dir = work_dir("schema-and-grammar");
+    let s = server(&dir, &["-c", "1024", "-np", "1", "-t", "2"]);
+    let body = serde_json::json!({
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 2,
+        "json_schema": {"type": "string"},
+        "grammar": "root ::= \"a\"",
+    });
+    let (status, answer) = s.post("/v1/chat/completions", &body, Duration::from_secs(60)).unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("Cannot use both json_schema and grammar"), "{answer}");
+}
