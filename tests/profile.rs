@@ -240,8 +240,8 @@ fn profile_rejects_an_unknown_mode() {
         &dir,
         Duration::from_secs(30),
     );
-    // clap's usage errors exit with 2.
-    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    // A bad option exits 1 in every tool, as llama-server does.
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(out.stderr.contains("huge"), "{}", out.stderr);
     assert!(out.stderr.contains("tiny"), "valid modes not listed:\n{}", out.stderr);
     assert!(!dir.join("p.yaml").exists());
