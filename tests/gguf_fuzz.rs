@@ -364,32 +364,20 @@ fn every_preset_passes_the_hyperparameter_checks() {
     gguf::validate(&f).unwrap();
 }
 
-/// A bounded slice of the fuzzer (fixed seed): every case through the full
-/// load path, no signal, no hang, no unclean failure; and the mutations
-/// reach llama.cpp (some cases load, some it rejects).
-#[test]
-fn fuzz_slice_has_no_crashes_or_hangs() {
-    let dir = common::scratch_dir("fuzz-slice");
-    // the default model is fetched (once) like the other tests do
-    let _ = common::default_model_path();
-    let out = pipeshard(&[
-        "fuzz-gguf",
-        "--seed",
-        "20261123",
-        "--cases",
-        "800",
-        "--jobs",
-        "2",
-        "--timeout-s",
-        "60",
-        "--work-dir",
-        dir.to_str().unwrap(),
-        "--json",
-    ]);
+/// Run `fuzz-gguf` with `args` in a scratch dir named `name`: all `cases`
+/// counted, no signal, no hang, no unclean failure, a clean exit. Returns
+/// the counts for the caller's own checks.
+fn fuzz_slice(name: &str, args: &[&str], cases: u64) -> pipeshard::fuzz::FuzzCounts {
+    let dir = common::scratch_dir(name);
+    let cases_arg = cases.to_string();
+    let mut all = vec!["fuzz-gguf"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--cases", &cases_arg, "--work-dir", dir.to_str().unwrap(), "--json"]);
+    let out = pipeshard(&all);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let report: FuzzReport = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}; stderr:\n{stderr}"));
-    let c = &report.counts;
-    assert_eq!(c.cases, 800, "{stderr}");
+    let c = report.counts;
+    assert_eq!(c.cases, cases, "{stderr}");
     assert_eq!(
         (c.signals, c.hangs, c.other_failures),
         (0, 0, 0),
@@ -397,44 +385,45 @@ fn fuzz_slice_has_no_crashes_or_hangs() {
         report.failures
     );
     assert!(out.status.success(), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+    c
+}
+
+/// A bounded slice of the fuzzer (fixed seed): every case through the full
+/// load path, no signal, no hang, no unclean failure; and the mutations
+/// reach llama.cpp (some cases load, some it rejects).
+#[test]
+fn fuzz_slice_has_no_crashes_or_hangs() {
+    // the default model is fetched (once) like the other tests do
+    let _ = common::default_model_path();
+    let c = fuzz_slice(
+        "fuzz-slice",
+        &["--seed", "20261123", "--jobs", "2", "--timeout-s", "60"],
+        800,
+    );
     assert!(
         c.loaded > 20 && c.rejected_by_llama > 20 && c.rejected_by_pipeshard > 200,
         "{c:?}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A bounded slice of the fuzzer through the server's start-up
 /// (`fuzz-gguf --server`): no signal, no hang, and some cases load.
 #[test]
 fn server_fuzz_slice_has_no_crashes_or_hangs() {
-    let dir = common::scratch_dir("fuzz-slice-server");
-    let out = pipeshard(&[
-        "fuzz-gguf",
-        "--server",
-        "--seed",
-        "20261128",
-        "--cases",
-        "120",
-        "--jobs",
-        "2",
-        "--no-default-model",
-        "--timeout-s",
-        "60",
-        "--work-dir",
-        dir.to_str().unwrap(),
-        "--json",
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let report: FuzzReport = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}; stderr:\n{stderr}"));
-    let c = &report.counts;
-    assert_eq!(c.cases, 120, "{stderr}");
-    assert_eq!(
-        (c.signals, c.hangs, c.other_failures),
-        (0, 0, 0),
-        "failures: {:#?}\n{stderr}",
-        report.failures
+    let c = fuzz_slice(
+        "fuzz-slice-server",
+        &[
+            "--server",
+            "--seed",
+            "20261128",
+            "--jobs",
+            "2",
+            "--no-default-model",
+            "--timeout-s",
+            "60",
+        ],
+        120,
     );
     assert!(c.loaded > 5 && c.rejected_by_pipeshard > 30, "{c:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
