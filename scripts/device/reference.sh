@@ -171,9 +171,8 @@ run_case() { # CASE QUANT PROFILE
         -t "$THREADS" --tg --profile "$prof")
     # Upstream's full-GPU TTFT at its best ubatch, chosen in an untimed sweep.
     local ub
-    echo "$c-$q-upstream-full-ubatch: llama-bench -ngl 99 -fa 1 -t $THREADS -p $PROMPT -n 0 -b $PROMPT -ub 512,1024,2048,4096 -m $m -r 1 -o json" >> "$RAW/commands.txt"
-    LD_LIBRARY_PATH=$DIST/upstream/bin timeout 300 "$UP" -ngl 99 -fa 1 -t "$THREADS" -p "$PROMPT" -n 0 -b "$PROMPT" \
-        -ub "512,1024,2048,4096" -m "$m" -r 1 -o json > "$RAW/$c-$q-upstream-full-ubatch.json" 2>> "$RAW/$c-$q-upstream-full-ubatch.log" || true
+    upstream_run "$c-$q-upstream-full-ubatch" -ngl 99 -fa 1 -t "$THREADS" -p "$PROMPT" -n 0 -b "$PROMPT" \
+        -ub "512,1024,2048,4096" -m "$m" || true
     ub=$(python3 -c 'import json, sys; t = json.load(open(sys.argv[1])); print(min(t, key=lambda x: x["avg_ns"])["n_ubatch"])' \
         "$RAW/$c-$q-upstream-full-ubatch.json" 2> /dev/null || echo 512)
     log "$c $q upstream-full: best ubatch $ub"
