@@ -13,9 +13,12 @@
 # upstream's llama-bench from the pristine release (build-upstream-bench.sh),
 # and the models are written by `pipeshard synth`, all side by side.
 #
-# CASE is NAME or NAME:QUANT, QUANT a `synth --quant` scheme (default q4_0):
-#   R1   Llama-3.1-8B shape, 2 GiB   upstream: fit, FFN on the CPU (-ot), full GPU
-#   R2   Qwen3-30B-A3B shape, 4 GiB  upstream: fit, -ncmoe N swept, all experts on the CPU, full GPU
+# CASE is NAME or NAME:QUANT, QUANT a `synth --quant` scheme (default: the case's own):
+#   R1   Llama-3.1-8B shape, Q4_0, 2 GiB       upstream: fit, FFN on the CPU (-ot), full GPU
+#   R2   Qwen3-30B-A3B shape, Q4_0, 4 GiB      upstream: fit, -ncmoe N swept, all experts on the CPU, full GPU
+#   R3   gpt-oss-20b shape, MXFP4, 4 GiB       as R2
+#   R4   Qwen3.6-35B-A3B shape, Q4_K_M, 8 GiB  as R2
+#   R5   Gemma-3-27B shape, Q4_K_M, 8 GiB      as R1
 #
 # The reference settings: a 4096-token prompt, then 64 tokens decoded at
 # depth 4096, flash attention on, F16 KV, 16 threads. Each system of a case
@@ -28,7 +31,8 @@
 # Environment (all optional):
 #   REPS=3         repetitions per system
 #   CALL=ID        the rows' call id (default: the date and this host's name)
-#   NCMOE="42 40"  upstream's -ncmoe values tried for MoE cases; upstream-cpu-moe (every
+#   NCMOE="N..."   upstream's -ncmoe values tried for MoE cases (default per case, the values
+#                  around the budget's edge: R2 42 40, R3 20 18, R4 32 30); upstream-cpu-moe (every
 #                  layer's experts on the CPU, -ncmoe 999: llama-bench has no --cpu-moe) always runs
 #   MODULES=DIR    libggml-cuda.so.xz.*, libggml-cpu.so.xz and upstream-bin.tar.xz from an
 #                  earlier call on the same kind of host (the builds are skipped)
@@ -48,7 +52,6 @@ PS=$DIST/pipeshard
 UP=$DIST/upstream/bin/llama-bench
 WORK=${WORK:-/tmp/pipeshard-ref}
 REPS=${REPS:-3}
-NCMOE=${NCMOE:-42 40}
 CALL=${CALL:-$(date -u +%Y-%m-%d)-$(hostname -s)}
 SUMMARY=$ROOT/bench/results/summary.json
 RAW=bench/results/raw/$CALL
@@ -57,15 +60,22 @@ PROMPT=4096
 GEN=64
 CTX=4352
 
-(( $# )) || { sed -n '2,40p' "$0"; exit 2; }
+(( $# )) || { sed -n '2,/^set -e/{/^#/p}' "$0"; exit 2; }
 [[ -x $PS ]] || { echo "reference: no $PS; run scripts/device/pack.sh on the dev machine and carry dist/" >&2; exit 1; }
 mkdir -p "$WORK" "$RAW" ${OUT:+"$OUT"}
 export LD_LIBRARY_PATH=$DIST/lib
 log() { echo "[$(date -u +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$RAW/harness.log"; }
 
-case_arch() { case $1 in R1) echo llama3.1-8b ;; R2) echo qwen3-30b-a3b ;; *) return 1 ;; esac; }
-case_budget_mib() { case $1 in R1) echo 2048 ;; R2) echo 4096 ;; *) return 1 ;; esac; }
-case_moe() { [[ $1 == R2 ]]; }
+case_arch() {
+    case $1 in
+        R1) echo llama3.1-8b ;; R2) echo qwen3-30b-a3b ;; R3) echo gpt-oss-20b ;;
+        R4) echo qwen3.6-35b-a3b ;; R5) echo gemma-3-27b ;; *) return 1 ;;
+    esac
+}
+case_quant() { case $1 in R3) echo mxfp4 ;; R4 | R5) echo q4_k_m ;; *) echo q4_0 ;; esac; }
+case_budget_mib() { case $1 in R1) echo 2048 ;; R2 | R3) echo 4096 ;; R4 | R5) echo 8192 ;; *) return 1 ;; esac; }
+case_moe() { [[ $1 == R[234] ]]; }
+case_ncmoe() { echo "${NCMOE:-$(case $1 in R2) echo 42 40 ;; R3) echo 20 18 ;; R4) echo 32 30 ;; esac)}"; }
 
 host_line() {
     local gpu cpu pcie
@@ -156,7 +166,7 @@ run_case() { # CASE QUANT PROFILE
     declare -A modes=([upstream-fit]="${fit[*]}")
     if case_moe "$c"; then
         modes[upstream-cpu-moe]="-ncmoe 999"
-        for n in $NCMOE; do modes[upstream-ncmoe-$n]="-ncmoe $n"; done
+        for n in $(case_ncmoe "$c"); do modes[upstream-ncmoe-$n]="-ncmoe $n"; done
     else
         modes[upstream-ffn-cpu]="-ot ffn_(up|gate|down)=CPU"
     fi
@@ -235,8 +245,9 @@ save() {
 log "call $CALL on $(host_line)"
 quants=()
 for spec in "$@"; do
-    c=${spec%%:*}; q=q4_0; [[ $spec == *:* ]] && q=${spec#*:}
-    case_arch "$c" > /dev/null || { echo "reference: unknown case $c (R1, R2)" >&2; exit 2; }
+    c=${spec%%:*}
+    case_arch "$c" > /dev/null || { echo "reference: unknown case $c (R1-R5)" >&2; exit 2; }
+    q=$(case_quant "$c"); [[ $spec == *:* ]] && q=${spec#*:}
     quants+=("$c:$q")
 done
 # The models are written while the modules build.
