@@ -98,8 +98,8 @@ fn every_tensor_has_a_role_and_each_layer_keeps_the_cache_of_its_kind() {
         let per_tok = |l| m.kv_bytes_per_token(l, GgmlType::F16, GgmlType::F16).unwrap();
         for l in 0..m.n_layer {
             let (a, b) = (
-                plan::layer_cache_bytes(&m, &short, l),
-                plan::layer_cache_bytes(&m, &long, l),
+                plan::layer_cache_bytes(&m, &short, l, 512),
+                plan::layer_cache_bytes(&m, &long, l, 512),
             );
             if m.is_recurrent(l) {
                 // a fixed state per sequence, whatever the context
@@ -107,9 +107,9 @@ fn every_tensor_has_a_role_and_each_layer_keeps_the_cache_of_its_kind() {
                 assert_eq!(a, m.recurrent_state_bytes, "{preset} layer {l}");
                 assert_eq!(a, b, "{preset} layer {l}: the state grows with the context");
             } else if m.is_swa(l) {
-                // the window (padded to 256), not the context
+                // the window and a ubatch (padded to 256), not the context
                 let w = m.sliding_window.unwrap();
-                assert_eq!(a, per_tok(l) * (w + 256).div_ceil(256) * 256, "{preset} layer {l}");
+                assert_eq!(a, per_tok(l) * (w + 512).div_ceil(256) * 256, "{preset} layer {l}");
                 assert_eq!(a, b, "{preset} layer {l}: a window layer grows with the context");
             } else {
                 assert_eq!(a, per_tok(l) * 4096, "{preset} layer {l}");
@@ -189,7 +189,7 @@ fn check_plan_roles(preset: &str, m: &ModelInfo, p: &plan::Plan) {
     }
     let req = PlanRequest::new(p.vram.budget, 4096);
     let kv: u64 = (m.n_layer - p.kv_gpu_layers..m.n_layer)
-        .map(|l| plan::layer_cache_bytes(m, &req, l))
+        .map(|l| plan::layer_cache_bytes(m, &req, l, u64::from(p.ubatch)))
         .sum();
     assert_eq!(p.vram.kv_cache, kv, "{preset}");
 }
@@ -358,6 +358,52 @@ fn each_role_on_its_own_cpu_buffer_type_gives_the_plain_tokens() {
                 .filter(|n| !asked.contains(*n))
                 .collect();
             assert!(missing.is_empty(), "{preset}: never asked for {missing:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The cache the plan sizes is the cache llama.cpp allocates: a context's
+/// memory beside its weights, summed over buffer types, equals the plan's
+/// per-layer sizes (a sliding-window layer holding its window and a
+/// ubatch, not the context; a recurrent layer its state), for one sequence
+/// and for several.
+#[test]
+fn the_planned_cache_is_the_cache_llama_cpp_allocates() {
+    pipeshard::engine::init(None).unwrap();
+    let dir = common::scratch_dir("models-2026-cache");
+    for preset in TINY {
+        let path = common::synth_tiny_model(&dir, preset, Quant::Q4_0);
+        let m = pipeshard::gguf::inspect(&path).unwrap().1;
+        let model = load(&path, None);
+        let layouts = [
+            (4096u32, 1u32, 512u32, true),
+            (2048, 1, 64, true),
+            (4096, 2, 256, true),
+            (4096, 4, 256, false),
+        ];
+        for (n_ctx, n_seq, n_ubatch, kv_unified) in layouts {
+            let params = pipeshard::engine::ContextParams {
+                n_ctx,
+                n_batch: n_ubatch,
+                n_ubatch,
+                n_seq_max: n_seq,
+                kv_unified,
+                n_threads: Some(2),
+                ..Default::default()
+            };
+            let ctx = Context::new(&model, params).unwrap();
+            let allocated: u64 = ctx.memory_breakdown().iter().map(|b| b.context).sum();
+            let mut req = PlanRequest::new(GIB, u64::from(n_ctx));
+            req.workload.parallel = n_seq;
+            req.kv_unified = kv_unified;
+            let planned: u64 = (0..m.n_layer)
+                .map(|l| plan::layer_cache_bytes(&m, &req, l, u64::from(n_ubatch)))
+                .sum();
+            assert_eq!(
+                allocated, planned,
+                "{preset}: n_ctx {n_ctx}, {n_seq} sequences, ubatch {n_ubatch}, unified {kv_unified}"
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

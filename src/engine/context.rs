@@ -159,6 +159,10 @@ impl ContextParams {
         cp.offload_kqv = self.offload_kqv;
         cp.op_offload = self.op_offload;
         cp.kv_unified = self.kv_unified;
+        // A sliding-window layer keeps its window, as llama-server's does
+        // (common's default) and as the plan sizes it; llama.cpp's own
+        // default keeps the whole context there.
+        cp.swa_full = false;
         if let Some(t) = self.type_k {
             cp.type_k = t;
         }

@@ -67,7 +67,7 @@ pub fn draft_cost(
     } else {
         let req = PlanRequest::new(u64::MAX, n_ctx);
         let weights: u64 = info.tensors.iter().map(|t| t.cuda_alloc_size()).sum();
-        weights + plan::kv_bytes(info, &req, info.n_layer) + plan::compute_bytes(info, DRAFT_UBATCH, 0)
+        weights + plan::kv_bytes(info, &req, info.n_layer, DRAFT_UBATCH) + plan::compute_bytes(info, DRAFT_UBATCH, 0)
     };
     let cm = CostModel::new(info, profile, Streaming::Synchronous, true, Overheads::default(), None);
     // The draft reads the prompt in ubatches of 512 (its context's).

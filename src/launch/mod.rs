@@ -270,6 +270,7 @@ pub fn plan_request(
         pr.workload.prompt_tokens = per_seq.saturating_sub(pr.workload.gen_tokens).max(1);
     }
     pr.ubatch = req.ubatch;
+    pr.kv_unified = cp.kv_unified;
     pr.type_k = kv_type(cp.type_k);
     pr.type_v = kv_type(cp.type_v);
     pr.flash_attention = cp.flash_attention != FlashAttention::Off;

@@ -194,6 +194,9 @@ pub struct PlanRequest {
     /// Host memory available to the process now (Linux's MemAvailable);
     /// None: not known, not checked.
     pub host_available: Option<u64>,
+    /// The context keeps one KV stream for all its sequences (llama.cpp's
+    /// `kv_unified`), not one per sequence; it sizes sliding-window caches.
+    pub kv_unified: bool,
 }
 
 /// Two slots let one split's copy overlap the previous split's compute; a
@@ -228,6 +231,7 @@ impl PlanRequest {
             dense_split: None,
             exact: false,
             kv_gpu_layers: None,
+            kv_unified: true,
             decode_tier: true,
             cpu_copies: true,
             host_available: None,
@@ -576,28 +580,49 @@ pub fn small_bytes(model: &ModelInfo) -> u64 {
         .sum()
 }
 
-/// KV cache bytes for the last `gpu_layers` layers at `n_ctx` tokens.
-pub fn kv_bytes(model: &ModelInfo, req: &PlanRequest, gpu_layers: u32) -> u64 {
+/// KV cache bytes for the last `gpu_layers` layers at `n_ctx` tokens, in a
+/// context of ubatch `ubatch`.
+pub fn kv_bytes(model: &ModelInfo, req: &PlanRequest, gpu_layers: u32, ubatch: u64) -> u64 {
     (model.n_layer - gpu_layers..model.n_layer)
-        .map(|l| layer_cache_bytes(model, req, l))
+        .map(|l| layer_cache_bytes(model, req, l, ubatch))
         .sum()
 }
 
-/// What `layer` keeps per context under `req`: its KV cache at `n_ctx`
-/// tokens (padded to 256), at most its window (plus a ubatch's worth of
-/// padding) in a sliding-window layer, and a fixed state per sequence in a
-/// recurrent layer.
-pub fn layer_cache_bytes(model: &ModelInfo, req: &PlanRequest, layer: u32) -> u64 {
+/// What `layer` keeps per context under `req` with ubatch `ubatch`: its KV
+/// cache at `n_ctx` tokens (padded to 256); in a sliding-window layer what
+/// llama.cpp's SWA cache holds (the sequences' windows plus a ubatch, never
+/// more than the context); and a fixed state per sequence in a recurrent
+/// layer.
+pub fn layer_cache_bytes(model: &ModelInfo, req: &PlanRequest, layer: u32, ubatch: u64) -> u64 {
     if model.is_recurrent(layer) {
         return model.state_bytes(layer, u64::from(req.workload.decode_tokens()));
     }
     let n_ctx = req.n_ctx.div_ceil(256) * 256;
     let per_tok = model.kv_bytes_per_token(layer, req.type_k, req.type_v).unwrap_or(0);
-    let ctx = match (model.is_swa(layer), model.sliding_window) {
-        (true, Some(w)) => n_ctx.min((w + 256).div_ceil(256) * 256),
+    let cells = match (model.is_swa(layer), model.sliding_window) {
+        (true, Some(w)) => swa_cells(
+            n_ctx,
+            w,
+            ubatch,
+            u64::from(req.workload.parallel.max(1)),
+            req.kv_unified,
+        ),
         _ => n_ctx,
     };
-    per_tok * ctx
+    per_tok * cells
+}
+
+/// Cells of llama.cpp's SWA cache (`llama_kv_cache_iswa`, without
+/// `swa_full`) for `n_seq` sequences sharing `n_ctx` tokens: one stream of
+/// `n_seq` windows plus a ubatch when unified, else a stream per sequence
+/// of its window plus a ubatch.
+fn swa_cells(n_ctx: u64, window: u64, ubatch: u64, n_seq: u64, unified: bool) -> u64 {
+    let pad = |n: u64| n.div_ceil(256) * 256;
+    if unified {
+        pad(n_ctx.min(window * n_seq + ubatch))
+    } else {
+        n_seq * pad((n_ctx / n_seq).min(window + ubatch))
+    }
 }
 
 /// Attention scores without flash attention: a ubatch of `u` tokens

@@ -135,7 +135,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
     let mut minimum = u64::MAX;
     for &u in &ubatches {
         for &kv_layers in &kv_steps {
-            let kv = kv_bytes(model, req, kv_layers);
+            let kv = kv_bytes(model, req, kv_layers, u as u64);
             let compute = planned_compute(model, req, u as u64, in_compute);
             let fixed = kv + req.reserve;
             let ev = Evaluator::new(model, &cm, req.workload, u, kv_layers);
