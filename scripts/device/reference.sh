@@ -35,7 +35,9 @@
 #                  around the budget's edge: R2 42 40, R3 20 18, R4 32 30); upstream-cpu-moe (every
 #                  layer's experts on the CPU, -ncmoe 999: llama-bench has no --cpu-moe) always runs
 #   MODULES=DIR    libggml-cuda.so.xz.*, libggml-cpu.so.xz and upstream-bin.tar.xz from an
-#                  earlier call on the same kind of host (the builds are skipped)
+#                  earlier call on the same kind of host (the builds are skipped); with
+#                  CPU_NATIVE=1 the CPU module is built again all the same (for a change
+#                  to ggml-cpu only: the CUDA module of the same ggml is kept)
 #   WORK=DIR       models and builds (default /tmp/pipeshard-ref)
 #   OUT=DIR        where the summary, the raw logs' archive and the built modules are copied
 #                  after each case (the device tool's $OUT)
@@ -94,6 +96,11 @@ modules() {
         mkdir -p "$DIST/upstream/bin"
         tar -C "$DIST/upstream/bin" -xJf "$MODULES/upstream-bin.tar.xz"
         log "modules restored from $MODULES"
+        if [[ ${CPU_NATIVE:-0} == 1 ]]; then
+            JOBS=16 bash scripts/device/build-cuda.sh "$DIST" --cpu-only > "$RAW/build-cpu.log" 2>&1 \
+                || { tail -30 "$RAW/build-cpu.log"; exit 1; }
+            log "CPU module built"
+        fi
     else
         log "building the CUDA and CPU modules and upstream's llama-bench"
         (JOBS=4 bash scripts/device/build-upstream-bench.sh "$DIST" > "$RAW/build-upstream.log" 2>&1) &
