@@ -302,6 +302,20 @@ fn render_tables_ratios_and_chart() {
     assert!(f.contains("2.99x upstream-fit") && f.contains("11% of full GPU"), "{f}");
     let r2 = line("2026-s25-d", "R2", "pipeshard");
     assert!(r2.contains("2.66x upstream-fit"), "{r2}");
+    // A routing point stands beside upstream's rows, which keep the
+    // model's own router: 89.48 / 44.74.
+    let mut routed = rows.clone();
+    let mut calibrated = rows
+        .iter()
+        .find(|r| r.call == "2026-s25-d" && r.case == "R2" && r.system == "pipeshard")
+        .unwrap()
+        .clone();
+    calibrated.routing = Some("calibrated".into());
+    calibrated.decode_tok_s = Some(89.48);
+    routed.push(calibrated);
+    let routed_md = render::markdown(&routed);
+    let row = routed_md.lines().find(|l| l.contains("(calibrated)")).unwrap();
+    assert!(row.contains("2.00x upstream-fit"), "{row}");
     // Upstream's fit went over the budget.
     assert!(line("2026-s25-d", "R1", "upstream-fit").contains("**over**"));
     assert!(!line("2026-s25-d", "R1", "pipeshard").contains("**over**"));

@@ -38,6 +38,10 @@
 #                  earlier call on the same kind of host (the builds are skipped); with
 #                  CPU_NATIVE=1 the CPU module is built again all the same (for a change
 #                  to ggml-cpu only: the CUDA module of the same ggml is kept)
+#   ROUTING="P..." the routing points pipeshard runs MoE cases at (default: calibrated
+#                  uniform synthetic; `bench --routing`); upstream keeps the model's own
+#                  router, and in decode computes host experts on the CPU, so its speed
+#                  does not depend on locality
 #   WORK=DIR       models and builds (default /tmp/pipeshard-ref)
 #   OUT=DIR        where the summary, the raw logs' archive and the built modules are copied
 #                  after each case (the device tool's $OUT)
@@ -186,6 +190,8 @@ run_case() { # CASE QUANT PROFILE
     done
     local psargs=(bench -m "$m" --vram-budget "${b}MiB" --policies pipeshard -p "$PROMPT" -n "$GEN" -r 1
         -t "$THREADS" --tg --profile "$prof")
+    local points=(-)
+    case_moe "$c" && read -ra points <<< "${ROUTING:-calibrated uniform synthetic}"
     # Upstream's full-GPU TTFT at its best ubatch, chosen in an untimed sweep.
     local ub
     upstream_run "$c-$q-upstream-full-ubatch" -ngl 99 -fa 1 -t "$THREADS" -p "$PROMPT" -n 0 -b "$PROMPT" \
@@ -195,8 +201,15 @@ run_case() { # CASE QUANT PROFILE
     log "$c $q upstream-full: best ubatch $ub"
     local ttft_args=(-ngl 99 -fa 1 -t "$THREADS" -p "$PROMPT" -n 0 -b "$PROMPT" -ub "$ub" -m "$m")
     for ((r = 1; r <= REPS; r++)); do
-        record "$c-$q-pipeshard-$r" "$PS" "${psargs[@]}" -o "$WORK/bench-$c-$q-$r" \
-            && cp "$WORK/bench-$c-$q-$r/bench.json" "$RAW/$c-$q-pipeshard-$r.json"
+        local pt
+        for pt in "${points[@]}"; do
+            local name=$c-$q-pipeshard
+            [[ $pt == - ]] || name+=-$pt
+            local routing=()
+            [[ $pt == - ]] || routing=(--routing "$pt")
+            record "$name-$r" "$PS" "${psargs[@]}" "${routing[@]}" -o "$WORK/bench-$name-$r" \
+                && cp "$WORK/bench-$name-$r/bench.json" "$RAW/$name-$r.json"
+        done
         log "$c $q pipeshard rep $r done"
         for mode in "${!modes[@]}"; do
             # shellcheck disable=SC2206
@@ -221,23 +234,30 @@ PY
     local host; host=$(host_line)
     local common=(--summary "$SUMMARY" --call "$CALL" --case "$c" --host "$host" --entry bench
         --model "$(case_arch "$c")" --quant "${q^^}")
-    rows() { # SYSTEM BUDGET_MIB|- PEAK|- ARGS-FOR-COMMAND FILES...
-        local sys=$1 bud=$2 pk=$3 cmd=$4; shift 4
+    rows() { # SYSTEM BUDGET_MIB|- PEAK|- ROUTING|- ARGS-FOR-COMMAND FILES...
+        local sys=$1 bud=$2 pk=$3 rt=$4 cmd=$5; shift 5
         local files=() f
         for f in "$@"; do [[ -s $f ]] && files+=("$f"); done
         (( ${#files[@]} )) || { log "$c $q $sys: no result"; return 0; }
         local opt=()
         [[ $bud == - ]] || opt+=(--budget "${bud}MiB")
         [[ $pk == - ]] || opt+=(--peak-bytes "$pk")
+        [[ $rt == - ]] || opt+=(--routing "$rt")
         "$PS" results add "${common[@]}" --system "$sys" --command "$cmd" --raw "$RAW" "${opt[@]}" \
             --from "$([[ $sys == pipeshard ]] && echo pipeshard-bench || echo llama-bench)" "${files[@]}" \
             || log "$c $q $sys: results add failed"
     }
-    rows pipeshard "$b" - "pipeshard ${psargs[*]}" "$RAW/$c-$q-pipeshard-"*.json
-    for mode in "${!modes[@]}"; do
-        rows "$mode" "$b" "${peak[$mode]}" "llama-bench ${tg[*]} ${modes[$mode]} -r 1 -o json" "$RAW/$c-$q-$mode-"[0-9]*.json
+    for pt in "${points[@]}"; do
+        if [[ $pt == - ]]; then
+            rows pipeshard "$b" - - "pipeshard ${psargs[*]}" "$RAW/$c-$q-pipeshard-"[0-9]*.json
+        else
+            rows pipeshard "$b" - "$pt" "pipeshard ${psargs[*]} --routing $pt" "$RAW/$c-$q-pipeshard-$pt-"[0-9]*.json
+        fi
     done
-    rows upstream-full - - "llama-bench ${ttft_args[*]} -r 1 -o json; llama-bench ${tg[*]} -r 1 -o json" \
+    for mode in "${!modes[@]}"; do
+        rows "$mode" "$b" "${peak[$mode]}" - "llama-bench ${tg[*]} ${modes[$mode]} -r 1 -o json" "$RAW/$c-$q-$mode-"[0-9]*.json
+    done
+    rows upstream-full - - - "llama-bench ${ttft_args[*]} -r 1 -o json; llama-bench ${tg[*]} -r 1 -o json" \
         "$RAW/$c-$q-upstream-full-"[0-9]*.json
 }
 

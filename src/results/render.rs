@@ -10,9 +10,10 @@ use crate::plan::fmt_bytes;
 const BAR_WIDTH: f64 = 40.0;
 
 /// Upstream's best in-budget decode for `row`: the fastest upstream row of
-/// the same call, case, model, quantization, routing point, entry and
-/// budget, other than the full GPU (which has no budget). Rows over the
-/// budget count (that favours upstream).
+/// the same call, case, model, quantization, entry and budget, other than
+/// the full GPU (which has no budget). Rows over the budget count (that
+/// favours upstream). Upstream's rows keep the model's own router (no
+/// routing point) and stand beside every routing point of the same call.
 fn best_upstream<'a>(rows: &'a [Row], row: &Row) -> Option<(&'a Row, f64)> {
     rows.iter()
         .filter(|r| {
@@ -22,7 +23,7 @@ fn best_upstream<'a>(rows: &'a [Row], row: &Row) -> Option<(&'a Row, f64)> {
                 && r.case == row.case
                 && r.model == row.model
                 && r.quant == row.quant
-                && r.routing == row.routing
+                && same_routing(r, row)
                 && r.entry == row.entry
                 && r.budget_bytes == row.budget_bytes
         })
@@ -39,9 +40,15 @@ fn full_gpu(rows: &[Row], row: &Row) -> Option<f64> {
                 && r.case == row.case
                 && r.model == row.model
                 && r.quant == row.quant
-                && r.routing == row.routing
+                && same_routing(r, row)
         })
         .and_then(|r| r.decode_tok_s)
+}
+
+/// Whether upstream's row `up` compares with `row`: the same routing point,
+/// or upstream's model's own router.
+fn same_routing(up: &Row, row: &Row) -> bool {
+    up.routing.is_none() || up.routing == row.routing
 }
 
 /// The calls and cases in the order they first appear.
