@@ -8,7 +8,9 @@ ending in `standalone` marks a patch that must also apply alone to the
 pristine release (the upstream fixes). build.rs reads the same file.
 
   scripts/patches.py list              the patches in order
-  scripts/patches.py apply DIR         the pristine release with every patch applied, in DIR
+  scripts/patches.py apply DIR [SERIES]
+                                       the pristine release with every patch applied (up to
+                                       the end of SERIES), in DIR
   scripts/patches.py check             each stand-alone patch applies alone to the pristine
                                        release, the whole list applies in order without
                                        fuzz, then the stats below
@@ -17,7 +19,8 @@ pristine release (the upstream fixes). build.rs reads the same file.
                                        and the lines the series add to and remove from
                                        ggml-backend.cpp; DIR without a series file (the old
                                        flat layout) counts each patch as a series of its own
-  scripts/patches.py add SERIES FILE   slot a new patch into a series (patches/README.md)
+  scripts/patches.py add SERIES FILE   slot a new patch into a series (patches/README.md
+                                       says how)
 
 The pristine release: $PIPESHARD_LLAMA_SDIST, else vendor/'s sdist (the
 version and SHA-256 are build.rs's). Needs git and GNU patch.
@@ -99,6 +102,15 @@ def read_series(patches_dir=PATCHES):
     return out
 
 
+def check_opening(patch_file):
+    """A patch opens with what and why: text before its first diff."""
+    for line in open(patch_file, encoding='utf-8', errors='replace'):
+        if line.startswith(('diff --git', '--- ', '+++ ', '@@')):
+            raise Failure(f'{os.path.relpath(patch_file, ROOT)} does not open with what and why')
+        if line.strip():
+            return
+
+
 def patch(tree, patch_file, dry_run=False):
     args = ['patch', '-p1', '--forward', '--batch', '--no-backup-if-mismatch', '-i', patch_file]
     if dry_run:
@@ -129,11 +141,17 @@ def cmd_list():
         print(f'patches/{path}' + ('  (standalone)' if standalone else ''))
 
 
-def cmd_apply(dest):
+def cmd_apply(dest, upto=None):
+    series = read_series()
+    if upto is not None:
+        last = max((i for i, (_, s, _) in enumerate(series) if s == upto), default=None)
+        if last is None:
+            raise Failure(f'no series {upto} in patches/series')
+        series = series[:last + 1]
     if os.path.exists(dest):
         raise Failure(f'{dest} exists')
     extract(dest)
-    for path, _, _ in read_series():
+    for path, _, _ in series:
         patch(dest, os.path.join(PATCHES, path))
 
 
@@ -147,6 +165,7 @@ def cmd_check():
             patch(tree, os.path.join(PATCHES, path), dry_run=True)
         print(f'{len(alone)} stand-alone patches apply alone to the pristine release')
         for path, _, _ in series:
+            check_opening(os.path.join(PATCHES, path))
             patch(tree, os.path.join(PATCHES, path))
         print(f'{len(series)} patches in {len({s for _, s, _ in series})} series apply in order')
     cmd_stats(PATCHES)
@@ -158,17 +177,17 @@ HUNK = re.compile(rb'^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@ ?(.*)$')
 def edits(tree, a, b):
     """The -U0 blocks of a..b as (path, header, removed, added lines)."""
     out = git(tree, 'diff', '-U0', '--no-renames', '--no-color', '--no-ext-diff', a, b)
-    path, blocks = None, []
+    path, blocks, left = None, [], 0  # left: lines of the current block still to read
     for line in out.split(b'\n'):
-        if line.startswith(b'+++ '):
+        if left:
+            blocks[-1][2 if line.startswith(b'-') else 3].append(line[1:])
+            left -= 1
+        elif line.startswith(b'+++ '):
             path = line[6:].decode() if line.startswith(b'+++ b/') else None
         elif line.startswith(b'@@') and path:
             m = HUNK.match(line)
+            left = int(m.group(2) or 1) + int(m.group(4) or 1)
             blocks.append([path, m.group(5).strip(), [], []])
-        elif blocks and line.startswith(b'-') and not line.startswith(b'--- '):
-            blocks[-1][2].append(line[1:])
-        elif blocks and line.startswith(b'+'):
-            blocks[-1][3].append(line[1:])
     return blocks
 
 
@@ -232,24 +251,40 @@ def cmd_stats(patches_dir):
           f'{in_backend} upstream functions edited')
 
 
+def touched_files(patch_file):
+    return {re.sub(r'^b/', '', line[4:].split('\t')[0].strip())
+            for line in open(patch_file, encoding='utf-8', errors='replace')
+            if line.startswith('+++ ') and not line.startswith('+++ /dev/null')}
+
+
 def cmd_add(name, new_patch):
-    """Put FILE into patches/SERIES/ and list it after the series' last patch."""
+    """Put FILE into patches/SERIES/ and list it after the series' last patch
+    (stand-alone where the series' patches are), then check."""
     series = read_series()
     if not os.path.isfile(new_patch):
         raise Failure(f'no file {new_patch}')
-    dest = os.path.join(name, os.path.basename(new_patch))
-    if any(p == dest for p, _, _ in series):
-        raise Failure(f'patches/{dest} is already listed')
-    last = max((i for i, (_, s, _) in enumerate(series) if s == name), default=None)
-    if last is None:
+    mine = [i for i, (_, s, _) in enumerate(series) if s == name]
+    if not mine:
         raise Failure(f'no series {name} in patches/series (add a line for a new one)')
+    dest = f'{name}/{os.path.basename(new_patch)}'
+    if os.path.exists(os.path.join(PATCHES, dest)):
+        raise Failure(f'patches/{dest} exists')
+    standalone = all(series[i][2] for i in mine)
+    files = touched_files(new_patch)
+    later = collections.defaultdict(set)
+    for path, other, _ in series[mine[-1] + 1:]:
+        later[other] |= files & touched_files(os.path.join(PATCHES, path))
+    for other, shared in later.items():
+        for f in sorted(shared):
+            print(f'note: the later series {other} also patches {f}; if the check fails, add the '
+                  f'patch to {other} or make it against the tree up to {name}')
     os.makedirs(os.path.join(PATCHES, name), exist_ok=True)
     shutil.copyfile(new_patch, os.path.join(PATCHES, dest))
     listing = os.path.join(PATCHES, 'series')
     lines = open(listing).read().splitlines(keepends=True)
-    after = series[last][0]
+    after = series[mine[-1]][0]
     at = max(i for i, l in enumerate(lines) if l.split('#', 1)[0].split()[:1] == [after])
-    lines.insert(at + 1, dest + '\n')
+    lines.insert(at + 1, dest + (' standalone' if standalone else '') + '\n')
     open(listing, 'w').write(''.join(lines))
     print(f'patches/{dest} listed after patches/{after}; checking')
     cmd_check()
@@ -258,6 +293,7 @@ def cmd_add(name, new_patch):
 COMMANDS = [
     (('list',), cmd_list),
     (('apply', 'DIR'), cmd_apply),
+    (('apply', 'DIR', 'SERIES'), cmd_apply),
     (('check',), cmd_check),
     (('stats',), lambda: cmd_stats(PATCHES)),
     (('stats', '--patches', 'DIR'), cmd_stats),
