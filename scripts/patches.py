@@ -11,6 +11,9 @@ pristine release (the upstream fixes). build.rs reads the same file.
   scripts/patches.py apply DIR [SERIES]
                                        the pristine release with every patch applied (up to
                                        the end of SERIES), in DIR
+  scripts/patches.py apply DIR --patches PATCHES
+                                       the same with another patches/ directory (an old
+                                       flat one applies in file-name order)
   scripts/patches.py check             each stand-alone patch applies alone to the pristine
                                        release, the whole list applies in order without
                                        fuzz, then the stats below
@@ -141,8 +144,8 @@ def cmd_list():
         print(f'patches/{path}' + ('  (standalone)' if standalone else ''))
 
 
-def cmd_apply(dest, upto=None):
-    series = read_series()
+def cmd_apply(dest, upto=None, patches_dir=PATCHES):
+    series = read_series(patches_dir)
     if upto is not None:
         last = max((i for i, (_, s, _) in enumerate(series) if s == upto), default=None)
         if last is None:
@@ -152,7 +155,7 @@ def cmd_apply(dest, upto=None):
         raise Failure(f'{dest} exists')
     extract(dest)
     for path, _, _ in series:
-        patch(dest, os.path.join(PATCHES, path))
+        patch(dest, os.path.join(patches_dir, path))
 
 
 def cmd_check():
@@ -252,9 +255,11 @@ def cmd_stats(patches_dir):
 
 
 def touched_files(patch_file):
-    return {re.sub(r'^b/', '', line[4:].split('\t')[0].strip())
-            for line in open(patch_file, encoding='utf-8', errors='replace')
-            if line.startswith('+++ ') and not line.startswith('+++ /dev/null')}
+    """The files a patch changes, as `patch -p1` names them."""
+    names = (line[4:].split('\t')[0].strip()
+             for line in open(patch_file, encoding='utf-8', errors='replace')
+             if line.startswith('+++ ') and not line.startswith('+++ /dev/null'))
+    return {n.split('/', 1)[1] for n in names if '/' in n}
 
 
 def cmd_add(name, new_patch):
@@ -294,6 +299,7 @@ COMMANDS = [
     (('list',), cmd_list),
     (('apply', 'DIR'), cmd_apply),
     (('apply', 'DIR', 'SERIES'), cmd_apply),
+    (('apply', 'DIR', '--patches', 'PATCHES'), lambda d, p: cmd_apply(d, patches_dir=p)),
     (('check',), cmd_check),
     (('stats',), lambda: cmd_stats(PATCHES)),
     (('stats', '--patches', 'DIR'), cmd_stats),
