@@ -62,14 +62,15 @@ fn run() -> Result<()> {
         println!("cargo:rerun-if-env-changed={var}");
     }
 
-    let patches = list_patches(&root.join("patches"))?;
+    let patch_dir = root.join("patches");
+    let patches = list_patches(&patch_dir)?;
     for p in &patches {
         println!("cargo:rerun-if-changed={}", p.display());
     }
 
     let sdist = locate_or_fetch_sdist(&vendor)?;
     let src = vendor.join("llama.cpp");
-    let stamp = source_stamp(&patches)?;
+    let stamp = source_stamp(&patch_dir, &patches)?;
     prepare_source(&sdist, &src, &patches, &stamp)?;
 
     let cuda = env::var_os("CARGO_FEATURE_CUDA").is_some();
@@ -156,16 +157,24 @@ fn emit_commit(root: &Path) {
     println!("cargo:rustc-env=PIPESHARD_COMMIT={commit}");
 }
 
-/// Patches are applied in file-name order.
+/// The patches in the order `patches/series` lists them (one path under
+/// `patches/` a line, `#` comments; a trailing `standalone` marks an upstream
+/// fix, which `scripts/patches.py check` also applies alone).
 fn list_patches(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut v: Vec<PathBuf> = match fs::read_dir(dir) {
-        Ok(rd) => rd
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "patch"))
-            .collect(),
-        Err(_) => Vec::new(),
-    };
-    v.sort();
+    let series = dir.join("series");
+    let text = fs::read_to_string(&series).map_err(|e| format!("reading {}: {e}", series.display()))?;
+    let mut v = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or_default();
+        let Some(name) = line.split_whitespace().next() else {
+            continue;
+        };
+        let path = dir.join(name);
+        if !path.is_file() {
+            return Err(format!("{}:{}: no file {}", series.display(), n + 1, path.display()));
+        }
+        v.push(path);
+    }
     Ok(v)
 }
 
@@ -243,11 +252,11 @@ fn download(url: &str) -> Result<Vec<u8>> {
 }
 
 /// A hash of everything that decides the patched tree's content.
-fn source_stamp(patches: &[PathBuf]) -> Result<String> {
+fn source_stamp(dir: &Path, patches: &[PathBuf]) -> Result<String> {
     let mut h = Sha256::new();
     h.update(LLAMA_SDIST_SHA256.as_bytes());
     for p in patches {
-        h.update(p.file_name().unwrap().to_string_lossy().as_bytes());
+        h.update(p.strip_prefix(dir).unwrap_or(p).to_string_lossy().as_bytes());
         h.update(fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()))?);
     }
     Ok(hex(&h.finalize())[..16].to_string())
@@ -335,7 +344,7 @@ fn sync_tree(src: &Path, dst: &Path) -> Result<()> {
 }
 
 fn apply_patch(src: &Path, patch: &Path) -> Result<()> {
-    let name = patch.file_name().unwrap().to_string_lossy().into_owned();
+    let name = patch.display().to_string();
     let out = Command::new("patch")
         .args(["-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i"])
         .arg(patch)
