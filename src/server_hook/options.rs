@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser};
 
+use crate::bench::routing::RoutingPoint;
 use crate::launch;
 
 /// The options pipeshard takes itself; every other argument, and every
@@ -28,6 +29,12 @@ pub struct ServerOptions {
     /// Directory with ggml backend modules (libggml-cpu.so, libggml-cuda.so).
     #[arg(long = "backend-dir", env = "PIPESHARD_BACKEND_DIR")]
     pub backend_dir: Option<PathBuf>,
+    /// For benchmarks only: the MoE routing point, as `pipeshard bench
+    /// --routing` (`synthetic`: the model's router as is, as without the
+    /// option; `calibrated`; `uniform`), per slot and request. Needs
+    /// --vram-budget or --plan.
+    #[arg(long = "bench-routing", value_name = "POINT")]
+    pub bench_routing: Option<RoutingPoint>,
 }
 
 fn parse_probability(s: &str) -> Result<f64, String> {
@@ -108,6 +115,9 @@ impl ServerOptions {
                 return Err(format!("--backend-dir {}: no such directory", d.display()));
             }
         }
+        if self.bench_routing.is_some() && !self.plans() {
+            return Err("--bench-routing is installed with pipeshard's plan: it needs --vram-budget or --plan".into());
+        }
         Ok(())
     }
 }
@@ -187,5 +197,25 @@ mod tests {
         // A flag without its value is not silently dropped.
         let (own, _) = split_args(&strings(&["--vram-budget"]));
         assert!(ServerOptions::parse(&own).is_err());
+    }
+
+    #[test]
+    fn bench_routing_is_pipeshards_option_and_needs_a_plan() {
+        let (own, up) = split_args(&strings(&[
+            "--bench-routing",
+            "calibrated",
+            "-np",
+            "4",
+            "--vram-budget=4GiB",
+        ]));
+        assert_eq!(own, strings(&["--bench-routing", "calibrated", "--vram-budget=4GiB"]));
+        assert_eq!(up, strings(&["-np", "4"]));
+        let o = ServerOptions::parse(&own).unwrap();
+        assert_eq!(o.bench_routing, Some(RoutingPoint::Calibrated));
+        assert!(o.check_files().is_ok());
+        let alone = ServerOptions::parse(&strings(&["--bench-routing", "uniform"])).unwrap();
+        assert!(alone.check_files().unwrap_err().contains("--bench-routing"));
+        assert!(ServerOptions::parse(&strings(&["--bench-routing", "zipf"])).is_err());
+        assert!(help().contains("--bench-routing"));
     }
 }
