@@ -543,14 +543,14 @@ fn measure_routing(
     mut launched: Option<&mut crate::launch::Launch>,
 ) -> Result<Option<routing_stats::RoutingStats>, BenchError> {
     ctx.clear();
-    if let Some(launch) = launched.as_deref_mut() {
+    if let Some(launch) = &mut launched {
         launch.leave_decode(ctx)?;
     }
     let recorder = routing_stats::Recorder::default();
     ctx.set_moe_observer(Some(recorder.observer()));
     ctx.decode_tokens(prompt, 0, true)?;
     let mut tok = ctx.greedy_token(-1)?;
-    if let Some(launch) = launched.as_deref_mut() {
+    if let Some(launch) = &mut launched {
         launch.enter_decode(ctx)?;
     }
     for i in 0..cfg.gen_tokens {

@@ -330,7 +330,7 @@ fn unit(rng: &mut WyRand) -> f64 {
 }
 
 fn below(rng: &mut WyRand, n: usize) -> usize {
-    ((rng.next_u64() >> 32) * n as u64 >> 32) as usize
+    (((rng.next_u64() >> 32) * n as u64) >> 32) as usize
 }
 
 fn shuffle(v: &mut [usize], rng: &mut WyRand) {
