@@ -476,3 +476,55 @@ fn bench_json_carries_the_routing_point_and_its_statistics() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--routing applies to MoE models"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The first generated token's log-probability from a `pipeshard-server` on
+/// the tiny MoE under a budget, with `extra` options.
+fn server_first_prob(model: &Path, dir: &Path, extra: &[&str]) -> f64 {
+    let port = common::server::free_port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pipeshard-server"));
+    cmd.args([
+        "-m",
+        model.to_str().unwrap(),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+    ])
+    .args(["-c", "512", "-np", "2", "-t", "2", "--vram-budget", "1GiB"])
+    .args(extra)
+    .env("PIPESHARD_PROFILE_DIR", dir);
+    let log = dir.join(format!("server-{}.log", extra.len()));
+    let mut server = common::server::Server::start(cmd, port, log);
+    server.wait_healthy(|_| {});
+    let body =
+        serde_json::json!({"prompt": "Hello there", "n_predict": 2, "temperature": 0.0, "n_probs": 1}).to_string();
+    let reply = ureq::post(&server.url("/completion"))
+        .set("Content-Type", "application/json")
+        .send_string(&body)
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&reply.into_string().unwrap()).unwrap();
+    v["completion_probabilities"][0]["logprob"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no probabilities: {v}"))
+}
+
+/// `pipeshard-server --bench-routing uniform` drives the experts of the
+/// model it serves (the first token's log-probability changes), also where
+/// upstream places the model (no GPU here for a plan); a bad point is a bad
+/// option (exit 1).
+#[test]
+fn server_bench_routing_drives_the_served_model() {
+    let dir = common::scratch_dir("routing-server");
+    let path = common::synth_tiny_model(&dir, "tiny-qwen3-30b-a3b", Quant::Q8_0);
+    let own = server_first_prob(&path, &dir, &[]);
+    let uniform = server_first_prob(&path, &dir, &["--bench-routing", "uniform"]);
+    assert_ne!(own, uniform, "the served model's experts are the routing model's");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_pipeshard-server"))
+        .args(["-m", path.to_str().unwrap(), "--bench-routing", "zipf"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--bench-routing"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

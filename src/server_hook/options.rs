@@ -31,8 +31,7 @@ pub struct ServerOptions {
     pub backend_dir: Option<PathBuf>,
     /// For benchmarks only: the MoE routing point, as `pipeshard bench
     /// --routing` (`synthetic`: the model's router as is, as without the
-    /// option; `calibrated`; `uniform`), per slot and request. Needs
-    /// --vram-budget or --plan.
+    /// option; `calibrated`; `uniform`), per slot and request.
     #[arg(long = "bench-routing", value_name = "POINT")]
     pub bench_routing: Option<RoutingPoint>,
 }
@@ -114,9 +113,6 @@ impl ServerOptions {
             if !d.is_dir() {
                 return Err(format!("--backend-dir {}: no such directory", d.display()));
             }
-        }
-        if self.bench_routing.is_some() && !self.plans() {
-            return Err("--bench-routing is installed with pipeshard's plan: it needs --vram-budget or --plan".into());
         }
         Ok(())
     }
@@ -200,7 +196,7 @@ mod tests {
     }
 
     #[test]
-    fn bench_routing_is_pipeshards_option_and_needs_a_plan() {
+    fn bench_routing_is_pipeshards_option() {
         let (own, up) = split_args(&strings(&[
             "--bench-routing",
             "calibrated",
@@ -212,9 +208,6 @@ mod tests {
         assert_eq!(up, strings(&["-np", "4"]));
         let o = ServerOptions::parse(&own).unwrap();
         assert_eq!(o.bench_routing, Some(RoutingPoint::Calibrated));
-        assert!(o.check_files().is_ok());
-        let alone = ServerOptions::parse(&strings(&["--bench-routing", "uniform"])).unwrap();
-        assert!(alone.check_files().unwrap_err().contains("--bench-routing"));
         assert!(ServerOptions::parse(&strings(&["--bench-routing", "zipf"])).is_err());
         assert!(help().contains("--bench-routing"));
     }
