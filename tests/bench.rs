@@ -365,6 +365,7 @@ fn result(policy: Policy, budget: u64, ttfts: &[f64], decodes: &[f64], peak_vram
         peak_rss: 100 << 20,
         over_budget: over,
         predicted: None,
+        routing_stats: None,
     }
 }
 

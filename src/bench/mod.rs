@@ -7,6 +7,8 @@
 
 pub mod lossless;
 mod report;
+pub mod routing;
+pub mod routing_stats;
 
 pub(crate) use report::median;
 pub use report::{write_reports, BenchRow, RunInfo};
@@ -99,7 +101,13 @@ pub struct BenchConfig {
     /// Also measure decode as llama-bench's `tg` at the prompt's depth
     /// ([`Sample::tg_tok_s`]).
     pub tg: bool,
+    /// MoE routing point: `None` and `synthetic` keep the model's router;
+    /// a MoE model's run then also measures the routing it selected.
+    pub routing: Option<routing::RoutingPoint>,
 }
+
+/// The benchmark router's seed: every run routes the same.
+pub const ROUTING_SEED: u64 = 0x5eed_4040;
 
 /// One measured repetition.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -148,6 +156,10 @@ pub struct PolicyResult {
     pub over_budget: bool,
     /// Prediction of the cost model, for the pipeshard policy.
     pub predicted: Option<plan::Prediction>,
+    /// With a routing point on a MoE model: the routing llama.cpp selected
+    /// in one more, untimed, request of the same workload.
+    #[serde(default)]
+    pub routing_stats: Option<routing_stats::RoutingStats>,
 }
 
 fn cpu_buft() -> Option<BufferType> {
@@ -338,6 +350,8 @@ pub fn run_policy(
     let quant = crate::results::quant_from_description(&model.description());
     step("model");
     let ubatch = ctx_params.n_ubatch;
+    let router = cfg.routing.and_then(|p| p.router(ROUTING_SEED));
+    ctx_params.moe_route = router.as_ref().map(|r| r.policy());
     let mut ctx = Context::new(&model, ctx_params)?;
     step("context");
     let load_s = t_load.elapsed().as_secs_f64();
@@ -466,11 +480,16 @@ pub fn run_policy(
         if let Some(launch) = launched.as_mut() {
             launch.enter_decode(&mut ctx)?;
         }
+        // Each repetition's tokens continue the prompt's routing process.
+        let depth_routing = router.as_ref().map(|r| r.snapshot());
         for sample in samples.iter_mut() {
             if !ctx.seq_rm(0, cfg.prompt_tokens as i32, -1) {
                 return Err(
                     EngineError::InvalidArgument("the context cannot remove the generated cells".into()).into(),
                 );
+            }
+            if let (Some(r), Some(s)) = (&router, &depth_routing) {
+                r.restore(s);
             }
             let mut tok = first;
             let t = Instant::now();
@@ -487,6 +506,10 @@ pub fn run_policy(
             sample.tg_tok_s = Some(tg);
         }
     }
+    let routing_stats = match cfg.routing {
+        Some(_) if info.is_moe() => measure_routing(&mut ctx, &prompt, cfg, launched.as_mut())?,
+        _ => None,
+    };
     step("end");
     drop(ctx);
     drop(model);
@@ -506,5 +529,34 @@ pub fn run_policy(
         peak_rss: peaks.rss,
         over_budget: policy != Policy::FullGpu && peaks.device > budget,
         predicted,
+        routing_stats,
     })
+}
+
+/// The routing llama.cpp selects for one more request of the workload (the
+/// prompt, then the generated tokens), read back from the graph outside the
+/// timed runs: reading the ids waits for each ubatch.
+fn measure_routing(
+    ctx: &mut Context<'_>,
+    prompt: &[Token],
+    cfg: &BenchConfig,
+    mut launched: Option<&mut crate::launch::Launch>,
+) -> Result<Option<routing_stats::RoutingStats>, BenchError> {
+    ctx.clear();
+    if let Some(launch) = &mut launched {
+        launch.leave_decode(ctx)?;
+    }
+    let recorder = routing_stats::Recorder::default();
+    ctx.set_moe_observer(Some(recorder.observer()));
+    ctx.decode_tokens(prompt, 0, true)?;
+    let mut tok = ctx.greedy_token(-1)?;
+    if let Some(launch) = &mut launched {
+        launch.enter_decode(ctx)?;
+    }
+    for i in 0..cfg.gen_tokens {
+        ctx.decode_tokens(&[tok], (cfg.prompt_tokens + i) as i32, true)?;
+        tok = ctx.greedy_token(-1)?;
+    }
+    ctx.set_moe_observer(None);
+    Ok(recorder.stats())
 }

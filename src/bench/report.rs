@@ -15,8 +15,8 @@ pub struct RunInfo {
     /// The synth preset's name, else the GGUF's `general.name`, else its
     /// architecture.
     pub model: String,
-    /// The MoE routing point (`calibrated`, `synthetic`, `uniform`); null
-    /// for dense models and until the benchmark router exists.
+    /// The MoE routing point (`calibrated`, `synthetic`, `uniform`) that
+    /// `--routing` chose; null without it.
     pub routing: Option<String>,
     pub threads: i32,
     pub prompt_tokens: u32,
@@ -83,6 +83,9 @@ pub struct BenchRow {
     /// The invocation's workload and settings.
     #[serde(default)]
     pub run: Option<RunInfo>,
+    /// The routing llama.cpp selected (with a routing point on a MoE model).
+    #[serde(default)]
+    pub routing_stats: Option<super::routing_stats::RoutingStats>,
 }
 
 /// Failed rows carry NaN timings, which JSON writes as null; read them back as NaN.
@@ -133,6 +136,7 @@ impl BenchRow {
             predicted_decode_tok_s: r.predicted.map(|p| p.decode_tok_s),
             error: None,
             run: None,
+            routing_stats: r.routing_stats,
         }
     }
 
@@ -162,6 +166,7 @@ impl BenchRow {
             predicted_decode_tok_s: None,
             error: Some(error),
             run: None,
+            routing_stats: None,
         }
     }
 

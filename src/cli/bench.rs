@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
+use pipeshard::bench::routing::RoutingPoint;
 use pipeshard::bench::{self, BenchConfig, BenchRow, Policy, RunInfo};
 use pipeshard::engine::{self, FlashAttention};
 use pipeshard::plan;
@@ -61,6 +62,14 @@ pub struct BenchArgs {
     /// its depth's state), so only the first rebuilds the decode graph.
     #[arg(long = "tg")]
     pub tg: bool,
+    /// MoE routing, for benchmarks only: `synthetic` keeps the model's
+    /// router as is (as without the option), `calibrated` drives each
+    /// token's experts by a seeded routing model calibrated to real models'
+    /// routing, `uniform` draws them uniformly (no locality). The router is
+    /// still computed; a MoE model's rows then also carry the routing
+    /// llama.cpp selected, measured in one more, untimed, request.
+    #[arg(long = "routing", value_name = "POINT")]
+    pub routing: Option<RoutingPoint>,
 }
 
 pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
@@ -68,6 +77,11 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
     anyhow::ensure!(args.ubatch > 0, "--ubatch-size must be at least 1");
     let (_, info) =
         pipeshard::gguf::inspect(&args.model).with_context(|| format!("reading {}", args.model.display()))?;
+    anyhow::ensure!(
+        args.routing.is_none() || info.is_moe(),
+        "--routing applies to MoE models; {} has no routed experts",
+        args.model.display()
+    );
     engine::init(global.backend_dir.as_deref())?;
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     let budgets: Vec<u64> = args
@@ -102,6 +116,7 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
         plan_ubatch: args.plan_ubatch,
         host_argmax: args.host_argmax,
         tg: args.tg,
+        routing: args.routing,
     };
     let machine = engine::list_devices()
         .iter()
@@ -111,7 +126,7 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
     let argv: Vec<String> = std::env::args().collect();
     let run = RunInfo {
         model: model_name(&info),
-        routing: None,
+        routing: args.routing.map(|p| p.name().to_string()),
         threads,
         prompt_tokens: args.prompt,
         gen_tokens: args.gen,
@@ -147,6 +162,17 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
                         eprintln!(
                             "  tg{} @ d{} as llama-bench measures it: {tg:.1} tok/s (median of {})",
                             args.gen, args.prompt, row.repetitions
+                        );
+                    }
+                    if let Some(s) = &row.routing_stats {
+                        eprintln!(
+                            "  routing selected (medians over {} layers): reuse {:.1}%, LRU hits {:.1}% at 12.5% and {:.1}% at 25% of experts, {} experts for 90% of selections, top expert {:.1}%",
+                            s.layers,
+                            s.reuse * 100.0,
+                            s.lru_hit_12_5 * 100.0,
+                            s.lru_hit_25 * 100.0,
+                            s.experts_90,
+                            s.top_share * 100.0
                         );
                     }
                     if !row.memory_steps.is_empty() {

@@ -10,6 +10,7 @@ use super::model::{Model, Token};
 use super::placement::{
     moe_split_trampoline, offload_trampoline, row_split_trampoline, MoeSplitPolicy, OffloadPolicy, RowSplitPolicy,
 };
+use super::routing::{moe_observe_trampoline, moe_route_trampoline, MoeObserver, MoeRoutePolicy};
 use super::sampler::{argmax, Sampler, SamplingParams};
 
 /// Whether to use flash attention.
@@ -82,6 +83,10 @@ pub struct ContextParams {
     /// [`Context::logits`] no longer has. At most one output of sequence 0
     /// per decode.
     pub backend_greedy: bool,
+    /// Benchmark routing (patch 0050): the routed experts of every MoE
+    /// layer chosen by this policy instead of the router's top-k; `None`
+    /// (every user's run) keeps the model's router.
+    pub moe_route: Option<MoeRoutePolicy>,
 }
 
 impl Default for ContextParams {
@@ -108,6 +113,7 @@ impl Default for ContextParams {
             row_split_part_bytes: 0,
             n_outputs_max: 0,
             backend_greedy: false,
+            moe_route: None,
         }
     }
 }
@@ -127,6 +133,7 @@ impl std::fmt::Debug for ContextParams {
             .field("moe_split", &self.moe_split.as_ref().map(|_| "custom"))
             .field("row_split", &self.row_split.as_ref().map(|_| "custom"))
             .field("backend_greedy", &self.backend_greedy)
+            .field("moe_route", &self.moe_route.as_ref().map(|_| "custom"))
             .finish_non_exhaustive()
     }
 }
@@ -137,6 +144,7 @@ pub(crate) type ContextCallbacks = (
     Option<Box<OffloadPolicy>>,
     Option<Box<MoeSplitPolicy>>,
     Option<Box<RowSplitPolicy>>,
+    Option<Box<MoeRoutePolicy>>,
 );
 
 impl ContextParams {
@@ -188,7 +196,12 @@ impl ContextParams {
             cp.row_split_cb = Some(row_split_trampoline);
             cp.row_split_cb_user_data = &**pol as *const RowSplitPolicy as *mut std::ffi::c_void;
         }
-        (offload, moe_split, row_split)
+        let moe_route = self.moe_route.clone().map(Box::new);
+        if let Some(pol) = &moe_route {
+            cp.moe_route_cb = Some(moe_route_trampoline);
+            cp.moe_route_cb_user_data = &**pol as *const MoeRoutePolicy as *mut std::ffi::c_void;
+        }
+        (offload, moe_split, row_split, moe_route)
     }
 
     /// The parameters `cp` holds, as far as these fields describe them.
@@ -219,6 +232,7 @@ impl ContextParams {
             row_split_part_bytes: cp.row_split_part_size as u64,
             n_outputs_max: cp.n_outputs_max,
             backend_greedy: false,
+            moe_route: None,
         }
     }
 }
@@ -241,6 +255,9 @@ pub struct Context<'m> {
     _offload: Option<Box<OffloadPolicy>>,
     _moe_split: Option<Box<MoeSplitPolicy>>,
     _row_split: Option<Box<RowSplitPolicy>>,
+    _moe_route: Option<Box<MoeRoutePolicy>>,
+    // Boxed twice so that the pointer llama.cpp holds is thin and fixed.
+    moe_observer: Option<Box<MoeObserver>>,
     // The streaming slots and routed threshold it was made with, which
     // `rebuild_graphs` sets again.
     stream: (u32, u32),
@@ -272,7 +289,7 @@ impl<'m> Context<'m> {
         }
         // SAFETY: default params are plain data.
         let mut cp = unsafe { ffi::llama_context_default_params() };
-        let (offload, moe_split, row_split) = params.write_c(&mut cp);
+        let (offload, moe_split, row_split, moe_route) = params.write_c(&mut cp);
         cp.no_perf = false;
         let greedy = params
             .backend_greedy
@@ -312,6 +329,8 @@ impl<'m> Context<'m> {
             _offload: offload,
             _moe_split: moe_split,
             _row_split: row_split,
+            _moe_route: moe_route,
+            moe_observer: None,
             stream: (params.stream_slots, params.stream_routed_max),
             greedy,
         })
@@ -320,6 +339,25 @@ impl<'m> Context<'m> {
     /// The model this context runs.
     pub fn model(&self) -> &'m Model {
         self.model
+    }
+
+    /// Hand `observer` the routed experts every MoE layer computed with,
+    /// after each ubatch (patch 0050); `None` stops. Each observed ubatch
+    /// waits for its computation and copies its ids back, and a change
+    /// rebuilds the graphs: for measuring outside timed runs.
+    pub fn set_moe_observer(&mut self, observer: Option<MoeObserver>) {
+        let observer = observer.map(Box::new);
+        let (cb, user) = match &observer {
+            Some(o) => (
+                Some(moe_observe_trampoline as unsafe extern "C" fn(_, _, _, _, _, _, _, _)),
+                &**o as *const MoeObserver as *mut std::ffi::c_void,
+            ),
+            None => (None, std::ptr::null_mut()),
+        };
+        // SAFETY: the observer is boxed in self, replaced only here after
+        // llama.cpp points at the new one, and freed after the context.
+        unsafe { ffi::llama_set_moe_observer(self.ptr.as_ptr(), cb, user) };
+        self.moe_observer = observer;
     }
 
     /// Context length.

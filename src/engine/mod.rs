@@ -25,6 +25,7 @@ pub mod nvml;
 pub mod opbench;
 mod output_embeddings;
 mod placement;
+mod routing;
 mod sampler;
 mod server;
 mod vision;
@@ -49,6 +50,7 @@ pub use placement::{
     stream_schedule, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery, OpKind, RowSplitPolicy, StreamStep,
     TensorPlacement,
 };
+pub use routing::{MoeIds, MoeObserver, MoeRoutePolicy, MoeRouteQuery};
 pub use sampler::{argmax, Sampler, SamplingParams};
 pub use server::{
     run_llama_server, set_load_hook, set_loop_hook, set_media_release_compute, set_projector_hook, set_server_reports,

@@ -11,6 +11,7 @@ use super::ffi;
 use super::migrate::ContextRef;
 use super::model::ModelParams;
 use super::placement::tensor_buft_trampoline;
+use super::routing::{moe_route_trampoline, MoeRoutePolicy};
 
 /// What a model is loaded for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,8 +36,9 @@ pub struct LoadRequest {
 /// What the hook did with a load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoadDecision {
-    /// Nothing: upstream loads as it would without pipeshard (and `--fit`
-    /// runs if it is on).
+    /// Upstream places the model as it would without pipeshard (and
+    /// `--fit` runs if it is on); of the hook's changes only a benchmark's
+    /// routing policy ([`ContextParams::moe_route`]) is installed.
     Upstream,
     /// The hook placed the model; its changes to the parameters are
     /// installed, and upstream's `--fit` does not move anything.
@@ -143,7 +145,15 @@ unsafe extern "C" fn load_hook_trampoline(
         hook(&req, &mut model_params, &mut context)
     }));
     match decided {
-        Ok(Ok(LoadDecision::Upstream)) => ffi::COMMON_LOAD_HOOK_DEFAULT,
+        Ok(Ok(LoadDecision::Upstream)) => {
+            if let Some(route) = context.moe_route {
+                // Leaked, as the context's callbacks are below.
+                let route: &'static MoeRoutePolicy = Box::leak(Box::new(route));
+                cp.moe_route_cb = Some(moe_route_trampoline);
+                cp.moe_route_cb_user_data = route as *const MoeRoutePolicy as *mut c_void;
+            }
+            ffi::COMMON_LOAD_HOOK_DEFAULT
+        }
         Ok(Ok(LoadDecision::Placed)) => {
             model_params.write_c_placed(mp);
             // The context's callbacks live as long as the process: upstream

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::{quant_from_description, Bytes, ResultsError, Row};
+use crate::bench::routing_stats::RoutingStats;
 use crate::bench::{median, BenchRow, Policy};
 
 /// Which program wrote the repetition files.
@@ -68,6 +69,9 @@ struct Rep {
     commit: String,
     command: String,
     flags: String,
+    /// `pipeshard bench --routing`'s point and the routing it measured.
+    routing: Option<String>,
+    routing_stats: Option<RoutingStats>,
 }
 
 /// The `pipeshard bench` policy a system's row is read from.
@@ -161,6 +165,8 @@ fn pipeshard_rep(path: &Path, opts: &AddOptions) -> Result<Rep, ResultsError> {
         commit: run.commit,
         command: run.command,
         flags: run.flags,
+        routing: run.routing,
+        routing_stats: row.routing_stats,
     })
 }
 
@@ -280,6 +286,8 @@ fn llama_bench_rep(path: &Path) -> Result<Rep, ResultsError> {
         commit: env!("PIPESHARD_COMMIT").to_string(),
         command: String::new(),
         flags: String::new(),
+        routing: None,
+        routing_stats: None,
     })
 }
 
@@ -304,6 +312,23 @@ fn same<T: PartialEq + Clone + std::fmt::Debug>(
 fn median_of(reps: &[(PathBuf, Rep)], get: impl Fn(&Rep) -> Option<f64>) -> Option<f64> {
     let v: Vec<f64> = reps.iter().filter_map(|(_, r)| get(r)).collect();
     (!v.is_empty()).then(|| median(v))
+}
+
+/// The routing statistics of the repetitions that measured them, each
+/// field the median of theirs.
+fn routing_stats_of(reps: &[(PathBuf, Rep)]) -> Option<serde_json::Value> {
+    let stats: Vec<&RoutingStats> = reps.iter().filter_map(|(_, r)| r.routing_stats.as_ref()).collect();
+    let first = stats.first()?;
+    let med = |f: fn(&RoutingStats) -> f64| median(stats.iter().map(|s| f(s)).collect());
+    serde_json::to_value(RoutingStats {
+        reuse: med(|s| s.reuse),
+        lru_hit_12_5: med(|s| s.lru_hit_12_5),
+        lru_hit_25: med(|s| s.lru_hit_25),
+        experts_90: med(|s| s.experts_90),
+        top_share: med(|s| s.top_share),
+        ..**first
+    })
+    .ok()
 }
 
 /// The row of `files` (one per repetition) under `opts`.
@@ -359,7 +384,10 @@ pub fn row_from_files(files: &[PathBuf], opts: &AddOptions) -> Result<Row, Resul
             None => same(&reps, "the model", |r| r.model.clone())?,
         },
         quant,
-        routing: opts.routing.clone(),
+        routing: match &opts.routing {
+            Some(r) => Some(r.clone()),
+            None => same(&reps, "the routing point", |r| r.routing.clone())?,
+        },
         system: opts.system.clone(),
         entry: opts.entry.clone(),
         budget_bytes,
@@ -382,7 +410,7 @@ pub fn row_from_files(files: &[PathBuf], opts: &AddOptions) -> Result<Row, Resul
         samples_per_rep: same(&reps, "the samples per repetition", |r| r.samples)?,
         peak_process_bytes,
         over_budget,
-        routing_stats: None,
+        routing_stats: routing_stats_of(&reps),
         host: opts.host.clone().unwrap_or_else(|| reps[0].1.host.clone()),
         commit: opts.commit.clone().unwrap_or_else(|| reps[0].1.commit.clone()),
         command: opts.command.clone().unwrap_or_else(|| reps[0].1.command.clone()),

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser};
 
+use crate::bench::routing::RoutingPoint;
 use crate::launch;
 
 /// The options pipeshard takes itself; every other argument, and every
@@ -28,6 +29,11 @@ pub struct ServerOptions {
     /// Directory with ggml backend modules (libggml-cpu.so, libggml-cuda.so).
     #[arg(long = "backend-dir", env = "PIPESHARD_BACKEND_DIR")]
     pub backend_dir: Option<PathBuf>,
+    /// For benchmarks only: the MoE routing point, as `pipeshard bench
+    /// --routing` (`synthetic`: the model's router as is, as without the
+    /// option; `calibrated`; `uniform`), per slot and request.
+    #[arg(long = "bench-routing", value_name = "POINT")]
+    pub bench_routing: Option<RoutingPoint>,
 }
 
 fn parse_probability(s: &str) -> Result<f64, String> {
@@ -187,5 +193,22 @@ mod tests {
         // A flag without its value is not silently dropped.
         let (own, _) = split_args(&strings(&["--vram-budget"]));
         assert!(ServerOptions::parse(&own).is_err());
+    }
+
+    #[test]
+    fn bench_routing_is_pipeshards_option() {
+        let (own, up) = split_args(&strings(&[
+            "--bench-routing",
+            "calibrated",
+            "-np",
+            "4",
+            "--vram-budget=4GiB",
+        ]));
+        assert_eq!(own, strings(&["--bench-routing", "calibrated", "--vram-budget=4GiB"]));
+        assert_eq!(up, strings(&["-np", "4"]));
+        let o = ServerOptions::parse(&own).unwrap();
+        assert_eq!(o.bench_routing, Some(RoutingPoint::Calibrated));
+        assert!(ServerOptions::parse(&strings(&["--bench-routing", "zipf"])).is_err());
+        assert!(help().contains("--bench-routing"));
     }
 }

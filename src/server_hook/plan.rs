@@ -53,6 +53,12 @@ pub fn on_load(
 ) -> Result<LoadDecision, ServeError> {
     match req.role {
         LoadRole::Target => {
+            // For benchmarks only (`--bench-routing`): the same seed as
+            // `pipeshard bench`'s, a process per slot and request.
+            cp.moe_route = opts
+                .bench_routing
+                .and_then(|p| p.router(crate::bench::ROUTING_SEED))
+                .map(|r| r.policy());
             let Some(installed) = plan_target(opts, req, mp, cp)? else {
                 return Ok(LoadDecision::Upstream);
             };
