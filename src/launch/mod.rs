@@ -194,7 +194,7 @@ pub fn machine_profile(
     if !engine::has_gpu() {
         return Err(LaunchError::NoGpu);
     }
-    let dir = profile::default_dir();
+    let dir = profile::default_dir()?;
     let key = ProfileKey::current(threads);
     let path = dir.join(key.file_name());
     let (mut p, mut changed) = match MachineProfile::load_matching(&dir, &key) {
