@@ -1,7 +1,7 @@
 //! The decode tier on a GPU, measured within one process: load a model
 //! under a budget through the launch path, fill the context to a depth with
 //! one prompt, then alternate blocks of decode steps with the decode tier
-//! in force and without it (`Launch::enter_decode` / `leave_decode`), the
+//! in force and without it (`Session::enter_decode` / `leave_decode`), the
 //! same steps at the same depth each time. Host drift between processes is
 //! as large as the tier's effect; alternating in one process is not.
 //!
@@ -83,14 +83,14 @@ fn main() -> Result<()> {
         backend_greedy: true,
         ..Default::default()
     };
-    let Some(mut launch) = plan_for(&req, &cp, |_, _| {})? else {
+    let Some(launch) = plan_for(&req, &cp, |_, _| {})? else {
         bail!("no plan (no budget or no GPU)");
     };
     let Some(tier) = launch.plan.decode_tier.clone() else {
         bail!("the plan has no decode tier for {gen_tokens} generated tokens");
     };
     let mut mp = ModelParams::default();
-    launch.install(&mut mp, &mut cp)?;
+    let mut session = launch.install(&mut mp, &mut cp)?;
     let model = engine::Model::load(&model_path, mp)?;
     let mut ctx = Context::new(&model, cp)?;
     let n_vocab = model.n_vocab().max(2) as u64;
@@ -113,12 +113,12 @@ fn main() -> Result<()> {
         // Alternate which arm goes first.
         for arm in if r % 2 == 0 { [true, false] } else { [false, true] } {
             let t = Instant::now();
-            let entry = if arm { launch.enter_decode(&mut ctx)? } else { None };
+            let entry = if arm { session.enter_decode(&mut ctx)? } else { None };
             let switch_s = t.elapsed().as_secs_f64();
             let step = block(&mut ctx, n_vocab)?;
             peak = peak.max(device_bytes());
             if arm {
-                launch.leave_decode(&mut ctx)?;
+                session.leave_decode(&mut ctx)?;
                 on.push(step);
             } else {
                 off.push(step);

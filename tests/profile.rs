@@ -22,14 +22,27 @@ struct Finished {
 /// Runs the binary with a hard time limit (killing it when over), with
 /// output going to files so that a chatty child cannot block on a full pipe.
 fn pipeshard_with_limit(args: &[&str], scratch: &Path, limit: Duration) -> Finished {
+    pipeshard_with_env(args, scratch, limit, &[])
+}
+
+/// [`pipeshard_with_limit`] with the variables `env` set (None: removed)
+/// after its own.
+fn pipeshard_with_env(args: &[&str], scratch: &Path, limit: Duration, env: &[(&str, Option<&Path>)]) -> Finished {
     let out_path = scratch.join("stdout.txt");
     let err_path = scratch.join("stderr.txt");
     let t0 = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pipeshard"))
-        .args(args)
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pipeshard"));
+    cmd.args(args)
         .env("PIPESHARD_PROFILE_DIR", scratch.join("profiles"))
         .env_remove("PIPESHARD_PROFILE")
-        .env_remove("PIPESHARD_VRAM_BUDGET")
+        .env_remove("PIPESHARD_VRAM_BUDGET");
+    for (name, value) in env {
+        match value {
+            Some(v) => cmd.env(name, v),
+            None => cmd.env_remove(name),
+        };
+    }
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(std::fs::File::create(&err_path).unwrap())
@@ -211,6 +224,58 @@ fn tiny_profile_then_plan() {
         plan.stderr
     );
     assert!(plan.stdout.trim().is_empty(), "a plan was printed:\n{}", plan.stdout);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Without `-o`, a profile goes to the user's data directory
+/// (`$XDG_DATA_HOME/pipeshard/profiles`), or where `PIPESHARD_PROFILE_DIR`
+/// says; never into the source tree the binary was built from.
+#[test]
+fn profiles_go_to_the_users_data_directory() {
+    let dir = common::scratch_dir("profile-data-dir");
+    let data = dir.join("data");
+    let repo_profiles = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles");
+    let listing = |d: &Path| -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(d)
+            .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let repo_before = listing(&repo_profiles);
+    let args = ["profile", "--mode", "tiny", "-t", "2"];
+    let limit = Duration::from_secs(120);
+    let out = pipeshard_with_env(
+        &args,
+        &dir,
+        limit,
+        &[
+            ("PIPESHARD_PROFILE_DIR", None),
+            ("XDG_DATA_HOME", Some(&data)),
+            ("HOME", Some(&dir)),
+        ],
+    );
+    assert_eq!(out.code, Some(0), "profile failed:\n{}", out.stderr);
+    let written = listing(&data.join("pipeshard/profiles"));
+    assert_eq!(written.len(), 1, "{written:?}\n{}", out.stderr);
+    assert!(out.stderr.contains(&written[0].display().to_string()), "{}", out.stderr);
+    assert!(MachineProfile::load(&written[0]).is_ok());
+    // The variable overrides the data directory.
+    let over = dir.join("override");
+    let out = pipeshard_with_env(
+        &args,
+        &dir,
+        limit,
+        &[("PIPESHARD_PROFILE_DIR", Some(&over)), ("XDG_DATA_HOME", Some(&data))],
+    );
+    assert_eq!(out.code, Some(0), "profile failed:\n{}", out.stderr);
+    assert_eq!(listing(&over).len(), 1, "{}", out.stderr);
+    assert_eq!(listing(&data.join("pipeshard/profiles")), written);
+    assert_eq!(
+        listing(&repo_profiles),
+        repo_before,
+        "a profile was written into the source tree"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

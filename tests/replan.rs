@@ -791,3 +791,67 @@ fn below_the_smallest_plan_a_plan_in_force_near_it_stays() {
     assert!(s.unfit);
     assert!(pipeshard::server_hook::live_metrics(&s).contains("pipeshard_plan_unfit 1\n"));
 }
+
+/// The server's loop steps the model's session between batches
+/// ([`pipeshard::launch::Session::between_batches`]): on real decode steps
+/// of the default model on the CPU, the split the plan leaves open is timed
+/// at its setting and around it until one is chosen, which is then in
+/// force and reported once. A second session of the same launch, never
+/// stepped, is still tuning at the plan's own setting.
+#[test]
+fn a_session_tunes_its_split_on_the_steps_a_server_serves() {
+    use pipeshard::engine::{self, Context, ContextParams, Model, ModelParams, Token};
+    use pipeshard::launch::{Launch, ProcessOverhead, Session, SplitKnob};
+
+    engine::init(None).unwrap();
+    let h200 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/h200-machine-profile.yaml");
+    let profile = MachineProfile::load(&h200).unwrap();
+    let info = r2();
+    let plan = plan::make_plan(&info, &profile, &PlanRequest::new(4 * GIB, 4352)).unwrap();
+    let knob = SplitKnob::of(&plan, info.n_expert_used, false).expect("a split to tune");
+    let launch = Launch {
+        budget: plan.vram.budget,
+        overhead: ProcessOverhead::for_machine(Some(&profile), 4352),
+        replan: None,
+        split_knob: Some(knob),
+        plan,
+    };
+    let (mut served, mut idle) = (Session::new(&launch), Session::new(&launch));
+    let changed: Arc<Mutex<Vec<(u32, u64)>>> = Arc::default();
+    let c = Arc::clone(&changed);
+    served.on_plan_changed(Arc::new(move |p: &Plan, budget| {
+        c.lock().unwrap().push((p.hybrid_gpu_experts, budget))
+    }));
+    let cp = ContextParams {
+        n_ctx: 512,
+        ..Default::default()
+    };
+    served.tune_while_serving(&cp);
+    idle.tune_while_serving(&cp);
+    assert!(served.tuning_while_serving() && idle.tuning_while_serving());
+
+    let model = Model::load(
+        &common::default_model_path(),
+        ModelParams {
+            n_gpu_layers: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut ctx = Context::new(&model, cp).unwrap();
+    let mut tok: Token = 1;
+    for pos in 0..400 {
+        ctx.decode_tokens(&[tok], pos, true).unwrap();
+        tok = ctx.greedy_token(-1).unwrap();
+        served.between_batches(ctx.context_ref());
+        if !served.tuning_while_serving() {
+            break;
+        }
+    }
+    assert!(!served.tuning_while_serving(), "no split chosen within 400 steps");
+    let changed = changed.lock().unwrap();
+    assert_eq!(changed.len(), 1, "{changed:?}");
+    assert_eq!(changed[0], (served.plan().hybrid_gpu_experts, launch.budget));
+    assert!(idle.tuning_while_serving());
+    assert_eq!(idle.plan().hybrid_gpu_experts, launch.plan.hybrid_gpu_experts);
+}

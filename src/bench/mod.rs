@@ -225,7 +225,7 @@ pub fn run_policy(
     let mut predicted = None;
     // The process overhead pipeshard's plan budgets outside llama.cpp's buffers.
     let mut launch_check = None;
-    // pipeshard's launch, whose decode split is chosen after the warm-up.
+    // pipeshard's running session, whose decode split is chosen after the warm-up.
     let mut launched = None;
     let margin = 64u64 << 20;
     let (mp, setting): (ModelParams<'static>, String) = match policy {
@@ -252,7 +252,7 @@ pub fn run_policy(
             let launch =
                 crate::launch::plan_for(&req, &ctx_params, |_, _| {})?.ok_or(crate::launch::LaunchError::NoGpu)?;
             let mut mp = ModelParams::default();
-            launch.install(&mut mp, &mut ctx_params)?;
+            let session = launch.install(&mut mp, &mut ctx_params)?;
             if policy == Policy::PipeshardSync {
                 ctx_params.stream_slots = 0;
             }
@@ -276,7 +276,7 @@ pub fn run_policy(
                 p.hybrid_gpu_experts,
                 p.row_split_share * 100.0
             );
-            launched = Some(launch);
+            launched = Some(session);
             (mp, setting)
         }
         Policy::AttnGpu => (

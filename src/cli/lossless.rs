@@ -166,7 +166,7 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
     let trace = |label: &str,
                  mp: ModelParams<'_>,
                  cp: ContextParams,
-                 check: Option<&mut launch::Launch>|
+                 check: Option<&mut launch::Session>|
      -> Result<GreedyTrace> {
         let model = load_with_progress(&model_path, mp, label)?;
         let mut ctx = Context::new(&model, cp).context("creating the context")?;
@@ -194,11 +194,11 @@ pub fn lossless_cmd(global: &GlobalArgs, args: LosslessArgs) -> Result<()> {
     for (label, launched) in &mut launches {
         let mut mp = ModelParams::default();
         let mut cp = ctx_for(launched.plan.ubatch);
-        launched.install(&mut mp, &mut cp)?;
+        let mut session = launched.install(&mut mp, &mut cp)?;
         let t = std::time::Instant::now();
-        let planned = trace(label, mp, cp, Some(&mut *launched))?;
+        let planned = trace(label, mp, cp, Some(&mut session))?;
         // With the decode split chosen at load.
-        let plan = &launched.plan;
+        let plan = session.plan();
         let secs = t.elapsed().as_secs_f64();
         let c = compare(&reference, &planned);
         eprintln!(

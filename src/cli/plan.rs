@@ -259,7 +259,9 @@ pub struct ProfileArgs {
     /// How thorough: tiny (seconds), fast (under a minute), full.
     #[arg(long = "mode", value_enum, default_value_t = ProfileMode::Fast)]
     pub mode: ProfileMode,
-    /// Where to write it (default: profiles/<machine key>.yaml).
+    /// Where to write it (default: <machine key>.yaml in the profile
+    /// directory: $PIPESHARD_PROFILE_DIR, else pipeshard/profiles in the
+    /// user's data directory, e.g. ~/.local/share).
     #[arg(short = 'o', long = "output")]
     pub output: Option<PathBuf>,
     #[arg(short = 't', long = "threads")]
@@ -292,9 +294,10 @@ pub fn profile_cmd(global: &GlobalArgs, args: ProfileArgs) -> Result<()> {
         })?;
         bar.finish_and_clear();
     }
-    let path = args
-        .output
-        .unwrap_or_else(|| profile::default_dir().join(p.key.file_name()));
+    let path = match args.output {
+        Some(p) => p,
+        None => profile::default_dir()?.join(p.key.file_name()),
+    };
     p.save(&path)?;
     let gib = |b: f64| b / (1u64 << 30) as f64;
     eprintln!("profile written to {} in {:.1} s", path.display(), p.measured_in_s);

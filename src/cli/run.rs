@@ -224,7 +224,8 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         draft: args.draft.source()?,
         ..launch::LaunchRequest::new(&model_path, &args.budget, threads, workload)?
     };
-    let mut launched = plan_with_bar(&req, &ctx_params)?;
+    let launched = plan_with_bar(&req, &ctx_params)?;
+    let mut session = None;
     if let Some(l) = &launched {
         let plan = &l.plan;
         eprintln!(
@@ -241,30 +242,20 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
             plan.workload.prompt_tokens,
             plan.workload.gen_tokens
         );
-        l.install(&mut model_params, &mut ctx_params)?;
+        session = Some(l.install(&mut model_params, &mut ctx_params)?);
     }
     // --vram-budget auto: the plan follows the card between the decodes of
-    // a plain generation (not with a draft model or an image).
-    let follower = match launched.as_ref().and_then(|l| l.replan.clone().map(|b| (l, b))) {
-        Some((l, basis)) if args.draft.draft_model.is_none() && args.image.is_none() => {
-            // The context's callbacks ask the launch's switch (installed
-            // with the plan); a re-plan's decisions replace them there.
-            let switch = l.switch.clone();
-            model_params.movable_weights = true;
-            let hooks = live::Hooks {
-                wake: Box::new(|| {}),
-                switched: Box::new(move |p, _| switch.switch(p)),
-            };
-            Some(live::Follower::new(
-                basis,
-                l.plan.clone(),
-                l.budget,
-                args.budget.vram_headroom,
-                hooks,
-            ))
+    // a plain generation (not with a draft model or an image); a re-plan's
+    // decisions replace the session's, which the context's callbacks ask.
+    let follows = match &mut session {
+        Some(s) if args.draft.draft_model.is_none() && args.image.is_none() => {
+            s.follow_card(args.budget.vram_headroom, Box::new(|| {})).is_some()
         }
-        _ => None,
+        _ => false,
     };
+    if follows {
+        model_params.movable_weights = true;
+    }
     let plan = launched.as_ref().map(|l| l.plan.clone());
     let plan = plan.as_ref();
     if args.draft.draft_model.is_some() && ctx_params.n_outputs_max != 0 {
@@ -336,15 +327,15 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         }
         None => None,
     };
-    let loaded = match &mut launched {
-        Some(l) => {
+    let loaded = match &mut session {
+        Some(s) => {
             let others: Vec<&Context<'_>> = draft_ctx.iter().collect();
-            Some(l.verify_loaded(&mut ctx, &others)?)
+            Some(s.verify_loaded(&mut ctx, &others)?)
         }
         None => None,
     };
     let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
-    if let Some(f) = &follower {
+    if let Some(f) = session.as_ref().and_then(|s| s.follower()) {
         if let Some(path) = std::env::var_os(live::RECORD_ENV).filter(|p| !p.is_empty()) {
             f.record_to(Path::new(&path))
                 .with_context(|| format!("recording the card's samples to {}", path.to_string_lossy()))?;
@@ -418,25 +409,22 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
                     speculation = Some(s);
                     out
                 }
-                None => match (&follower, launched.as_mut()) {
-                    (Some(f), _) => generate_between(&mut ctx, &req, &mut on_text, &mut |ctx| {
-                        f.apply_pending(|moves, slots| live::migrate(ctx.context_ref(), moves, slots));
-                    })?,
-                    // The decode tier goes in force before the first step
-                    // after the prompt.
-                    (None, Some(l)) if l.plan.decode_tier.is_some() => {
-                        let mut entered = None;
+                // Between decodes: the follower's re-plans, or the decode
+                // tier in force before the first step after the prompt.
+                None => match &mut session {
+                    Some(session) => {
+                        let mut failed = None;
                         let out = generate_between(&mut ctx, &req, &mut on_text, &mut |ctx| {
-                            if entered.is_none() {
-                                entered = Some(l.enter_decode(ctx).map(drop));
+                            if let Err(e) = session.between_decodes(ctx) {
+                                failed.get_or_insert(e);
                             }
                         })?;
-                        entered
-                            .unwrap_or(Ok(()))
-                            .context("making the decode tier's weights resident")?;
+                        if let Some(e) = failed {
+                            return Err(e).context("making the decode tier's weights resident");
+                        }
                         out
                     }
-                    _ => generate(&mut ctx, &req, &mut on_text)?,
+                    None => generate(&mut ctx, &req, &mut on_text)?,
                 },
             }
         }
@@ -453,7 +441,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
             "peak_device_bytes": peak_device, "speculation": speculation,
             "predicted": plan.map(|p| p.predicted),
             "loaded_memory": loaded,
-            "live": follower.as_ref().map(|f| {
+            "live": session.as_ref().and_then(|s| s.follower()).map(|f| {
                 let l = f.stats();
                 serde_json::json!({
                     "allowance_bytes": l.allowance, "budget_bytes": l.budget, "replans": l.replans,

@@ -53,9 +53,8 @@ pub use placement::{
 pub use routing::{MoeIds, MoeObserver, MoeRoutePolicy, MoeRouteQuery};
 pub use sampler::{argmax, Sampler, SamplingParams};
 pub use server::{
-    run_llama_server, set_load_hook, set_loop_hook, set_media_release_compute, set_projector_hook, set_server_reports,
-    wake_server_loop, LoadDecision, LoadHook, LoadRequest, LoadRole, LoopHook, ProjectorHook, ProjectorParams,
-    ReportText,
+    run_llama_server, set_media_release_compute, wake_server_loop, LoadDecision, LoadHook, LoadRequest, LoadRole,
+    LoopHook, ProjectorHook, ProjectorParams, ReportText, ServerHooks, ServerReports,
 };
 pub use vision::{
     encoder_peak, media_marker, Bitmap, EncodeGate, EncoderPeak, PeakImage, VisionEval, VisionOptions, VisionProjector,

@@ -4,7 +4,6 @@
 
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::PathBuf;
-use std::sync::OnceLock;
 
 use super::context::ContextParams;
 use super::ffi;
@@ -51,25 +50,10 @@ pub enum LoadDecision {
 /// installed (upstream's own `-ot` overrides stay as given; `placement` is
 /// asked first). Every context parameter is installed, with its callbacks.
 /// An error fails the load, and upstream exits with its own message after
-/// the hook's.
+/// the hook's. Installed through [`ServerHooks::load`].
 pub type LoadHook = Box<
     dyn Fn(&LoadRequest, &mut ModelParams<'static>, &mut ContextParams) -> Result<LoadDecision, String> + Send + Sync,
 >;
-
-static HOOK: OnceLock<LoadHook> = OnceLock::new();
-
-/// Install `hook` for every model load of llama.cpp's `common` in this
-/// process (the server's target and draft models). Only the first call
-/// installs anything; later calls return false.
-pub fn set_load_hook(hook: LoadHook) -> bool {
-    if HOOK.set(hook).is_err() {
-        return false;
-    }
-    // SAFETY: the trampoline is a plain function; it only reads HOOK,
-    // which lives for the rest of the process.
-    unsafe { ffi::common_set_load_hook(Some(load_hook_trampoline), std::ptr::null_mut()) };
-    true
-}
 
 fn path_of(p: *const c_char) -> Option<PathBuf> {
     if p.is_null() {
@@ -119,13 +103,14 @@ unsafe extern "C" fn load_hook_trampoline(
     info: *const ffi::common_load_info,
     mp: *mut ffi::llama_model_params,
     cp: *mut ffi::llama_context_params,
-    _user: *mut c_void,
+    user: *mut c_void,
 ) -> ffi::common_load_hook_result {
-    let (Some(hook), false, false, false) = (HOOK.get(), info.is_null(), mp.is_null(), cp.is_null()) else {
+    if user.is_null() || info.is_null() || mp.is_null() || cp.is_null() {
         return ffi::COMMON_LOAD_HOOK_DEFAULT;
-    };
-    // SAFETY: common passes valid pointers for the duration of the call.
-    let (info, mp, cp) = (&*info, &mut *mp, &mut *cp);
+    }
+    // SAFETY: `user` is the hook [`run_llama_server`] installed, alive
+    // until it returns; common passes valid pointers for the call.
+    let (hook, info, mp, cp) = (&*(user as *const LoadHook), &*info, &mut *mp, &mut *cp);
     let Some(model) = path_of(info.path_model) else {
         return ffi::COMMON_LOAD_HOOK_DEFAULT;
     };
@@ -173,24 +158,6 @@ unsafe extern "C" fn load_hook_trampoline(
     }
 }
 
-/// Run llama.cpp's server (`llama_server(argc, argv)` from
-/// `tools/server`) with `args` (without the program name, which is
-/// `program`), in this thread, until it exits; returns its exit code.
-pub fn run_llama_server(program: &str, args: &[String]) -> i32 {
-    let owned: Vec<CString> = std::iter::once(program)
-        .chain(args.iter().map(String::as_str))
-        // An argument with a NUL byte cannot come from a command line;
-        // upstream's parser sees it cut there, as a C program would.
-        .map(|a| CString::new(a.split('\0').next().unwrap_or_default()).unwrap_or_default())
-        .collect();
-    let mut argv: Vec<*mut c_char> = owned.iter().map(|a| a.as_ptr() as *mut c_char).collect();
-    argv.push(std::ptr::null_mut());
-    // SAFETY: argv holds argc NUL-terminated strings and a final NULL, as
-    // main() gets them; `owned` outlives the call. Upstream's parser only
-    // reads them.
-    unsafe { ffi::pipeshard_llama_server((argv.len() - 1) as i32, argv.as_mut_ptr()) }
-}
-
 /// The multimodal projector's parameters the server will load it with, as
 /// far as pipeshard sets them (patch 0004's fields).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,16 +184,121 @@ pub type ProjectorHook = Box<dyn Fn(&std::path::Path, &mut ProjectorParams) + Se
 /// Text for the server's reports: `/props`' field and `/metrics`' lines.
 pub type ReportText = Box<dyn Fn() -> String + Send + Sync>;
 
-static PROJECTOR_HOOK: OnceLock<ProjectorHook> = OnceLock::new();
-static PROPS: OnceLock<(CString, ReportText)> = OnceLock::new();
-static METRICS: OnceLock<ReportText> = OnceLock::new();
+/// Called by the server's loop between two batches (patch 0024) with its
+/// main context, borrowed for the call: no graph of it runs meanwhile.
+pub type LoopHook = Box<dyn Fn(ContextRef<'_>) + Send + Sync>;
 
-unsafe extern "C" fn projector_trampoline(path: *const c_char, params: *mut ffi::mtmd_context_params, _: *mut c_void) {
-    let (Some(hook), Some(path), false) = (PROJECTOR_HOOK.get(), path_of(path), params.is_null()) else {
+/// A field of the server's `GET /props` and lines of its `GET /metrics`
+/// (patch 0008).
+pub struct ServerReports {
+    /// The field's name in `/props`.
+    pub key: String,
+    /// The field's value, JSON text.
+    pub props: ReportText,
+    /// Prometheus text appended to upstream's metrics.
+    pub metrics: ReportText,
+}
+
+/// What a program running the server in its process adds to it, for one
+/// run ([`run_llama_server`]). Each hook is handed to llama.cpp as the
+/// `user_data` of its C callback, so it reaches the state it captured and
+/// nothing process-wide.
+#[derive(Default)]
+pub struct ServerHooks {
+    /// Every model load of llama.cpp's `common`: the server's target and
+    /// draft models (patch 0007).
+    pub load: Option<LoadHook>,
+    /// The multimodal projector (`-mm`), right before it loads.
+    pub projector: Option<ProjectorHook>,
+    /// The server's loop, between two batches.
+    pub between_batches: Option<LoopHook>,
+    pub reports: Option<ServerReports>,
+}
+
+/// `hook` as a C callback's `user_data`.
+fn user_data<T>(hook: &T) -> *mut c_void {
+    hook as *const T as *mut c_void
+}
+
+/// [`ServerHooks`] installed in llama.cpp for as long as this lives; they
+/// are removed when it drops.
+struct InstalledHooks<'a>(std::marker::PhantomData<&'a ServerHooks>);
+
+impl<'a> InstalledHooks<'a> {
+    fn new(hooks: &'a ServerHooks) -> InstalledHooks<'a> {
+        // SAFETY: each user_data points at a hook of `hooks`, which outlives
+        // the installation: Drop removes every callback before the borrow
+        // ends. The trampolines only read their hook.
+        unsafe {
+            if let Some(h) = &hooks.load {
+                ffi::common_set_load_hook(Some(load_hook_trampoline), user_data(h));
+            }
+            if let Some(h) = &hooks.projector {
+                ffi::llama_server_set_mtmd_params_cb(Some(projector_trampoline), user_data(h));
+            }
+            if let Some(h) = &hooks.between_batches {
+                ffi::llama_server_set_loop_cb(Some(loop_trampoline), user_data(h));
+            }
+            match hooks.reports.as_ref().map(|r| (r, CString::new(r.key.as_str()))) {
+                // The server copies the key.
+                Some((r, Ok(key))) => {
+                    ffi::llama_server_set_props_cb(key.as_ptr(), Some(props_trampoline), user_data(&r.props));
+                    ffi::llama_server_set_metrics_cb(Some(metrics_trampoline), user_data(&r.metrics));
+                }
+                Some((_, Err(_))) => tracing::warn!("the server's report key holds a NUL byte; no reports"),
+                None => {}
+            }
+        }
+        InstalledHooks(std::marker::PhantomData)
+    }
+}
+
+impl Drop for InstalledHooks<'_> {
+    fn drop(&mut self) {
+        // SAFETY: removing a callback only clears the server's pointers.
+        unsafe {
+            ffi::common_set_load_hook(None, std::ptr::null_mut());
+            ffi::llama_server_set_mtmd_params_cb(None, std::ptr::null_mut());
+            ffi::llama_server_set_loop_cb(None, std::ptr::null_mut());
+            ffi::llama_server_set_props_cb(std::ptr::null(), None, std::ptr::null_mut());
+            ffi::llama_server_set_metrics_cb(None, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Run llama.cpp's server (`llama_server(argc, argv)` from
+/// `tools/server`) with `args` (without the program name, which is
+/// `program`) and `hooks`, in this thread, until it exits; returns its exit
+/// code.
+pub fn run_llama_server(program: &str, args: &[String], hooks: &ServerHooks) -> i32 {
+    let owned: Vec<CString> = std::iter::once(program)
+        .chain(args.iter().map(String::as_str))
+        // An argument with a NUL byte cannot come from a command line;
+        // upstream's parser sees it cut there, as a C program would.
+        .map(|a| CString::new(a.split('\0').next().unwrap_or_default()).unwrap_or_default())
+        .collect();
+    let mut argv: Vec<*mut c_char> = owned.iter().map(|a| a.as_ptr() as *mut c_char).collect();
+    argv.push(std::ptr::null_mut());
+    let installed = InstalledHooks::new(hooks);
+    // SAFETY: argv holds argc NUL-terminated strings and a final NULL, as
+    // main() gets them; `owned` outlives the call. Upstream's parser only
+    // reads them.
+    let code = unsafe { ffi::pipeshard_llama_server((argv.len() - 1) as i32, argv.as_mut_ptr()) };
+    drop(installed);
+    code
+}
+
+unsafe extern "C" fn projector_trampoline(
+    path: *const c_char,
+    params: *mut ffi::mtmd_context_params,
+    user: *mut c_void,
+) {
+    let (false, Some(path), false) = (user.is_null(), path_of(path), params.is_null()) else {
         return;
     };
-    // SAFETY: the server passes its parameters for the duration of the call.
-    let params = &mut *params;
+    // SAFETY: `user` is the hook run_llama_server installed; the server
+    // passes its parameters for the duration of the call.
+    let (hook, params) = (&*(user as *const ProjectorHook), &mut *params);
     let mut p = ProjectorParams {
         use_gpu: params.use_gpu,
         weights_on_host: params.weights_on_host,
@@ -242,18 +314,6 @@ unsafe extern "C" fn projector_trampoline(path: *const c_char, params: *mut ffi:
         params.warmup = p.warmup;
         params.window_attn_max_tokens = p.window_attn_max_tokens.min(i32::MAX as u32) as i32;
     }
-}
-
-/// Install `hook` for the server's multimodal projector (`-mm`). Only the
-/// first call installs anything; later calls return false.
-pub fn set_projector_hook(hook: ProjectorHook) -> bool {
-    if PROJECTOR_HOOK.set(hook).is_err() {
-        return false;
-    }
-    // SAFETY: the trampoline only reads PROJECTOR_HOOK, which lives for the
-    // rest of the process.
-    unsafe { ffi::llama_server_set_mtmd_params_cb(Some(projector_trampoline), std::ptr::null_mut()) };
-    true
 }
 
 /// Whether the server frees the language model's compute buffers before it
@@ -276,52 +336,31 @@ unsafe fn write_text(text: &str, buf: *mut c_char, size: usize) -> usize {
     bytes.len()
 }
 
-unsafe extern "C" fn props_trampoline(buf: *mut c_char, size: usize, _: *mut c_void) -> usize {
-    let text = PROPS
-        .get()
-        .and_then(|(_, f)| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok())
-        .unwrap_or_else(|| "null".into());
-    write_text(&text, buf, size)
-}
-
-unsafe extern "C" fn metrics_trampoline(buf: *mut c_char, size: usize, _: *mut c_void) -> usize {
-    let text = METRICS
-        .get()
-        .and_then(|f| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok())
-        .unwrap_or_default();
-    write_text(&text, buf, size)
-}
-
-/// Add the field `key` to the server's `GET /props`, its value the JSON
-/// text `props` returns, and `metrics`' Prometheus text to `GET /metrics`
-/// (patch 0008). Only the first call installs anything.
-pub fn set_server_reports(key: &str, props: ReportText, metrics: ReportText) -> bool {
-    let Ok(key) = CString::new(key) else {
-        return false;
+/// The text of the [`ReportText`] `user` points at, or `fallback` when it
+/// panicked.
+unsafe fn report_text(user: *mut c_void, fallback: &str, buf: *mut c_char, size: usize) -> usize {
+    let text = match (user as *const ReportText).as_ref() {
+        // SAFETY: `user` is a report hook run_llama_server installed.
+        Some(f) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| fallback.into()),
+        None => fallback.into(),
     };
-    if PROPS.set((key, props)).is_err() || METRICS.set(metrics).is_err() {
-        return false;
-    }
-    let key = &PROPS.get().expect("set above").0;
-    // SAFETY: the trampolines only read PROPS and METRICS, and the key
-    // outlives the server; both live for the rest of the process.
-    unsafe {
-        ffi::llama_server_set_props_cb(key.as_ptr(), Some(props_trampoline), std::ptr::null_mut());
-        ffi::llama_server_set_metrics_cb(Some(metrics_trampoline), std::ptr::null_mut());
-    }
-    true
+    write_text(&text, buf, size)
 }
 
-/// Called by the server's loop between two batches (patch 0024) with its
-/// main context, borrowed for the call: no graph of it runs meanwhile.
-pub type LoopHook = Box<dyn Fn(ContextRef<'_>) + Send + Sync>;
+unsafe extern "C" fn props_trampoline(buf: *mut c_char, size: usize, user: *mut c_void) -> usize {
+    report_text(user, "null", buf, size)
+}
 
-static LOOP_HOOK: OnceLock<LoopHook> = OnceLock::new();
+unsafe extern "C" fn metrics_trampoline(buf: *mut c_char, size: usize, user: *mut c_void) -> usize {
+    report_text(user, "", buf, size)
+}
 
-unsafe extern "C" fn loop_trampoline(ctx: *mut ffi::llama_context, _: *mut c_void) {
-    let Some(hook) = LOOP_HOOK.get() else {
+unsafe extern "C" fn loop_trampoline(ctx: *mut ffi::llama_context, user: *mut c_void) {
+    if user.is_null() {
         return;
-    };
+    }
+    // SAFETY: `user` is the hook run_llama_server installed.
+    let hook = &*(user as *const LoopHook);
     // SAFETY: the server passes its live main context on its loop's thread,
     // between two batches, and uses it for nothing else during the call.
     let Some(cr) = (unsafe { ContextRef::from_raw(ctx) }) else {
@@ -333,22 +372,45 @@ unsafe extern "C" fn loop_trampoline(ctx: *mut ffi::llama_context, _: *mut c_voi
     }
 }
 
-/// Install `hook`, called by the server's loop between two batches with
-/// its main context (patch 0024). Only the first call installs anything.
-pub fn set_loop_hook(hook: LoopHook) -> bool {
-    if LOOP_HOOK.set(hook).is_err() {
-        return false;
-    }
-    // SAFETY: the trampoline only reads LOOP_HOOK, which lives for the rest
-    // of the process; the server calls it on its loop's thread with a live
-    // context.
-    unsafe { ffi::llama_server_set_loop_cb(Some(loop_trampoline), std::ptr::null_mut()) };
-    true
-}
-
 /// Wake the server's loop so that the loop hook runs soon, even with no
 /// request in flight (thread-safe; nothing while the loop is not running).
 pub fn wake_server_loop() {
     // SAFETY: takes no arguments; the server locks its own state.
     unsafe { ffi::llama_server_wake_loop() };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text_of(hook: &ReportText) -> String {
+        let mut buf = [0 as c_char; 64];
+        // SAFETY: the buffer holds 64 bytes; the hook outlives the call.
+        let n = unsafe { props_trampoline(buf.as_mut_ptr(), buf.len(), user_data(hook)) };
+        // SAFETY: write_text ended the text with a NUL.
+        let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+        assert_eq!(n, text.len());
+        text
+    }
+
+    /// Each callback reaches the hook its user_data points at: two sets of
+    /// hooks in one process answer each for itself, and a panic is "null".
+    #[test]
+    fn a_report_callback_answers_from_its_own_hook() {
+        let a: ReportText = Box::new(|| "{\"a\":1}".into());
+        let b: ReportText = Box::new(|| "{\"b\":2}".into());
+        let broken: ReportText = Box::new(|| panic!("a report failed"));
+        assert_eq!(text_of(&a), "{\"a\":1}");
+        assert_eq!(text_of(&b), "{\"b\":2}");
+        assert_eq!(text_of(&a), "{\"a\":1}");
+        assert_eq!(text_of(&broken), "null");
+        // /metrics gets nothing from a hook that panicked.
+        let mut buf = [1 as c_char; 8];
+        // SAFETY: as in text_of.
+        assert_eq!(
+            unsafe { metrics_trampoline(buf.as_mut_ptr(), buf.len(), user_data(&broken)) },
+            0
+        );
+        assert_eq!(buf[0], 0);
+    }
 }

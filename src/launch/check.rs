@@ -145,7 +145,7 @@ fn warm_up_to_depth(ctx: &mut Context<'_>, n_ubatch: u32) -> Result<u32, LaunchE
     Ok(n as u32)
 }
 
-impl super::Launch {
+impl super::Session {
     /// Check the loaded context `main` and any `others` beside it (a
     /// draft's) against the budget, after warming `main` up at the plan's
     /// ubatch and choosing its decode split at the depth of that ubatch
@@ -161,7 +161,7 @@ impl super::Launch {
         // other memory than the prompt's: both are checked.
         let mut decoding = None;
         if gpu {
-            let depth = warm_up_to_depth(main, self.plan.ubatch)?;
+            let depth = warm_up_to_depth(main, self.plan().ubatch)?;
             self.enter_decode(main)?;
             super::tune::tune_split(self, main, depth)?;
             decoding = engine::process_device_bytes();
@@ -181,9 +181,9 @@ impl super::Launch {
             );
         }
         verify(LoadedMemory {
-            budget: self.budget,
+            budget: self.launch().budget,
             llama: llama_device_bytes(&contexts),
-            overhead: self.overhead.total(),
+            overhead: self.launch().overhead.total(),
             process,
         })
     }

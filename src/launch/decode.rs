@@ -1,9 +1,10 @@
 //! The decode tier in a running context ([`crate::plan::DecodeTier`]):
-//! after a prompt, [`Launch::enter_decode`] shrinks the context's compute
+//! after a prompt, [`Session::enter_decode`] shrinks the context's compute
 //! buffers to a decode step's (patch 0033) and makes the tier's weights
 //! resident in the memory that frees; before the next prompt,
-//! [`Launch::leave_decode`] points them back at their host copies (patch
-//! 0034: no copy), and the prompt's buffers are reserved again.
+//! [`Session::leave_decode`] points them back at their host copies (patch
+//! 0034: no copy), and the prompt's buffers are reserved again. The
+//! session's [`Phase`] says which is in force.
 //!
 //! ```text
 //! prompt (plan's ubatch) ─► enter_decode: ubatch 1, reserve, promote ─► decode steps
@@ -18,20 +19,20 @@
 use std::time::Instant;
 
 use super::tune::{with_setting, SplitSetting};
-use super::{Launch, LaunchError};
+use super::{LaunchError, Phase, Session};
 use crate::engine::{self, Context, Residence, WeightMove};
 use crate::plan::{fmt_bytes, Plan, DECODE_TIER_MARGIN};
 
 /// The decode tier while it is in force.
 #[derive(Debug, Clone)]
 pub struct Decoding {
-    /// The plan prompts run with, restored by [`Launch::leave_decode`].
+    /// The plan prompts run with, restored by [`Session::leave_decode`].
     prompt_plan: Plan,
     /// The weights made resident.
     promoted: Vec<String>,
 }
 
-/// What [`Launch::enter_decode`] did.
+/// What [`Session::enter_decode`] did.
 #[derive(Debug, Clone)]
 pub struct DecodeEntry {
     pub units: usize,
@@ -98,21 +99,33 @@ fn allocated(bytes: u64) -> u64 {
     bytes.div_ceil(2 << 20) * (2 << 20)
 }
 
-impl Launch {
-    /// Whether the decode tier is in force.
+impl Session {
+    /// Whether the decode tier's weights are resident.
     pub fn decoding(&self) -> bool {
-        self.decoding.is_some()
+        matches!(self.phase, Phase::Decode(Some(_)))
     }
 
-    /// After a prompt: shrink `ctx`'s compute buffers to the decode tier's
-    /// ubatch and make as many of its units resident as the process's
-    /// device memory leaves room for under the budget. Does nothing (None)
-    /// for a plan without a decode tier, or when it is in force already.
-    /// A failed allocation leaves the weights where they were.
+    /// After a prompt: the decode phase. Shrink `ctx`'s compute buffers to
+    /// the decode tier's ubatch and make as many of its units resident as
+    /// the process's device memory leaves room for under the budget.
+    /// Nothing more (None) for a plan without a decode tier, without room,
+    /// or in the decode phase already (an error too ends the attempt until
+    /// the next prompt). A failed allocation leaves the weights where they
+    /// were.
     pub fn enter_decode(&mut self, ctx: &mut Context<'_>) -> Result<Option<DecodeEntry>, LaunchError> {
-        if self.decoding.is_some() {
+        if matches!(self.phase, Phase::Decode(_)) {
             return Ok(None);
         }
+        // Tried once per prompt, whether or not its weights fit.
+        let entered = self.promote_tier(ctx);
+        if !matches!(entered, Ok(Some(_))) {
+            self.phase = Phase::Decode(None);
+        }
+        entered
+    }
+
+    /// The decode tier's units made resident, as far as they fit.
+    fn promote_tier(&mut self, ctx: &mut Context<'_>) -> Result<Option<DecodeEntry>, LaunchError> {
         let Some(tier) = self.plan.decode_tier.clone() else {
             return Ok(None);
         };
@@ -137,8 +150,12 @@ impl Launch {
             })
             .collect();
         // The room measured now, where NVML can tell; else the plan's.
-        let measured = engine::process_device_bytes()
-            .map(|(now, _)| self.budget.saturating_sub(now).saturating_sub(DECODE_TIER_MARGIN));
+        let measured = engine::process_device_bytes().map(|(now, _)| {
+            self.launch()
+                .budget
+                .saturating_sub(now)
+                .saturating_sub(DECODE_TIER_MARGIN)
+        });
         let n = units_that_fit(&sizes, measured.unwrap_or_else(|| tier.bytes()));
         if n == 0 {
             tracing::info!("decode tier: no room for its weights under the budget now");
@@ -156,7 +173,7 @@ impl Launch {
             return Ok(None);
         }
         let prompt_plan = std::mem::replace(&mut self.plan, decoding);
-        self.decoding = Some(Decoding { prompt_plan, promoted });
+        self.phase = Phase::Decode(Some(Box::new(Decoding { prompt_plan, promoted })));
         let entry = DecodeEntry {
             units: n,
             planned_units: tier.planned().len(),
@@ -169,14 +186,16 @@ impl Launch {
         Ok(Some(entry))
     }
 
-    /// Before a prompt: point the decode tier's weights back at their host
-    /// copies (their device memory is freed), restore the prompt's plan and
-    /// ubatch, and reserve its compute buffers again. A split setting tuned
-    /// while decoding carries over. Does nothing outside the decode tier.
+    /// Before a prompt: the prompt phase. Point the decode tier's weights
+    /// back at their host copies (their device memory is freed), restore
+    /// the prompt's plan and ubatch, and reserve its compute buffers again.
+    /// A split setting tuned while decoding carries over. Nothing more
+    /// where the tier's weights were not resident.
     pub fn leave_decode(&mut self, ctx: &mut Context<'_>) -> Result<(), LaunchError> {
-        let Some(Decoding { prompt_plan, promoted }) = self.decoding.take() else {
+        let Phase::Decode(Some(decoding)) = std::mem::replace(&mut self.phase, Phase::Prompt) else {
             return Ok(());
         };
+        let Decoding { prompt_plan, promoted } = *decoding;
         let start = Instant::now();
         let prompt_plan = match split_setting(&self.plan) {
             Some(s) => with_setting(&prompt_plan, s),

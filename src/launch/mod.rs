@@ -3,12 +3,12 @@
 //! parameters go in; a plan priced for exactly those parameters (context
 //! length, sequences, KV types, flash attention, the work it will run)
 //! comes out, checked with llama.cpp's own no-alloc reservation, ready to
-//! install; after loading, [`Launch::verify_loaded`] holds the process to
-//! its budget.
+//! install; installing it makes the model's running [`Session`]; after
+//! loading, [`Session::verify_loaded`] holds the process to its budget.
 //!
 //! ```text
-//! options ──► plan_for(model, params, workload) ──► Launch::install(params)
-//!                                                   └─► load ─► Launch::verify_loaded
+//! options ──► plan_for(model, params, workload) ──► Launch::install(params) ──► Session
+//!                                                   └─► load ─► Session::verify_loaded
 //! ```
 
 mod check;
@@ -17,6 +17,7 @@ mod draft;
 pub mod live;
 mod options;
 mod overhead;
+mod session;
 pub mod tune;
 mod vision;
 
@@ -25,16 +26,16 @@ pub use decode::{units_that_fit, DecodeEntry};
 pub use draft::{draft_cost, plan_with_draft, DraftCost, DraftSource, DRAFT_UBATCH};
 pub use options::{default_headroom, BudgetSpec, PipeshardOptions};
 pub use overhead::{OverheadSource, ProcessOverhead, ASSUMED_CONTEXT_BYTES, RUNTIME_BYTES, RUNTIME_BYTES_PER_TOKEN};
+pub use session::{Phase, PlanChanged, Session};
 pub use tune::{tune_split, ShareSearch, SplitKnob, SplitSetting, SplitTuning};
 pub use vision::{vision_memory, vision_options, vision_setup, VisionMemory};
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use crate::engine::{self, ContextParams, FlashAttention, ModelParams};
 use crate::gguf::{GgmlType, ModelInfo};
-use crate::plan::apply::{apply, Applied, ApplyError};
-use crate::plan::{fmt_bytes, Plan, PlanError, PlanRequest, PolicySwitch, Workload};
+use crate::plan::apply::{apply, ApplyError};
+use crate::plan::{fmt_bytes, Plan, PlanError, PlanRequest, Workload};
 use crate::profile::{self, MachineProfile, Missing, ProfileError, ProfileKey, ProfileMode, TypesUsed};
 
 /// Why a model cannot be launched as asked.
@@ -126,7 +127,9 @@ impl<'a> LaunchRequest<'a> {
     }
 }
 
-/// A plan ready to install, with what it was made against.
+/// A plan ready to install, with what it was made against. Installed, it
+/// runs as a [`Session`].
+#[derive(Debug, Clone)]
 pub struct Launch {
     pub plan: Plan,
     /// The budget for the process's device memory.
@@ -136,36 +139,23 @@ pub struct Launch {
     /// What re-planning it for another budget needs, with `--vram-budget
     /// auto` (the budget then follows the card while the model runs).
     pub replan: Option<live::ReplanBasis>,
-    /// The per-op decisions in force, which the context's callbacks ask
-    /// ([`Launch::install`]): the decode split tuned after load
-    /// ([`tune::tune_split`]) and a live re-plan replace them.
-    pub switch: Arc<PolicySwitch>,
-    /// The decode split still to be chosen at run time, if the plan has one
-    /// the user did not force ([`tune::tune_split`]).
+    /// The decode split the plan leaves to be chosen at run time, if it has
+    /// one the user did not force ([`tune::tune_split`]).
     pub split_knob: Option<SplitKnob>,
-    /// The decode tier while in force ([`Launch::enter_decode`]); `plan` is
-    /// then the decoding plan.
-    decoding: Option<decode::Decoding>,
 }
 
 impl Launch {
     /// Put the plan into the parameters the model and context are made
-    /// with; fails without the GPU the plan places weights on. The
-    /// context's per-op callbacks ask [`Launch::switch`].
-    pub fn install(&self, mp: &mut ModelParams<'_>, cp: &mut ContextParams) -> Result<Applied, LaunchError> {
+    /// with, and start its [`Session`], whose decisions the context's
+    /// per-op callbacks ask; fails without the GPU the plan places weights
+    /// on.
+    pub fn install(&self, mp: &mut ModelParams<'_>, cp: &mut ContextParams) -> Result<Session, LaunchError> {
         let applied = apply(&self.plan)?;
         applied.configure_model(mp);
         applied.configure_context(cp);
-        self.switch.install(cp);
-        Ok(applied)
-    }
-
-    /// Put `plan`'s per-op decisions in force in `ctx`, made with
-    /// [`Launch::install`]'s parameters: its graphs are built again at the
-    /// next decode.
-    pub fn put_in_force(&self, plan: &Plan, ctx: &mut engine::Context<'_>) {
-        self.switch.switch(plan);
-        ctx.rebuild_graphs();
+        let session = Session::new(self);
+        session.install_callbacks(cp);
+        Ok(session)
     }
 }
 
@@ -204,7 +194,7 @@ pub fn machine_profile(
     if !engine::has_gpu() {
         return Err(LaunchError::NoGpu);
     }
-    let dir = profile::default_dir();
+    let dir = profile::default_dir()?;
     let key = ProfileKey::current(threads);
     let path = dir.join(key.file_name());
     let (mut p, mut changed) = match MachineProfile::load_matching(&dir, &key) {
@@ -367,11 +357,9 @@ pub fn plan_for(
     };
     Ok(Some(Launch {
         budget: plan.vram.budget,
-        switch: PolicySwitch::new(&plan),
         split_knob,
         plan,
         overhead,
         replan,
-        decoding: None,
     }))
 }

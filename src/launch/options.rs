@@ -23,7 +23,9 @@ pub struct PipeshardOptions {
     /// and this headroom. Default: 5% of the card, at least 512 MiB.
     #[arg(long = "vram-headroom", env = "PIPESHARD_VRAM_HEADROOM", value_parser = parse_size)]
     pub vram_headroom: Option<u64>,
-    /// Machine profile (YAML); default: the one in profiles/ matching this machine, measured on first use.
+    /// Machine profile (YAML); default: the one matching this machine in
+    /// the profile directory ($PIPESHARD_PROFILE_DIR, else pipeshard/profiles
+    /// in the user's data directory), measured on first use.
     #[arg(long = "profile", env = "PIPESHARD_PROFILE")]
     pub profile: Option<PathBuf>,
     /// A saved plan (YAML or JSON from `pipeshard plan`) to use as is.

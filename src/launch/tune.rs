@@ -17,7 +17,7 @@ use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::{Launch, LaunchError};
+use super::{LaunchError, Session};
 use crate::engine::{Context, Token};
 use crate::plan::{Exec, Plan};
 
@@ -599,17 +599,21 @@ pub fn search_split(knob: SplitKnob, probe: &mut impl SplitProbe) -> Result<Spli
     })
 }
 
-/// Choose `launch`'s decode split on the loaded `ctx`: time decode steps of
+/// Choose `session`'s decode split on the loaded `ctx`: time decode steps of
 /// sequence 0 at position `depth` and after (the cells a step adds are
 /// removed before the next setting) for the settings [`ShareSearch`] asks
-/// for, through `launch`'s policy switch, and keep the fastest in force
+/// for, through the session's policy switch, and keep the fastest in force
 /// (its graphs are rebuilt at the next decode). Does nothing (None) for a
-/// plan with no knob ([`Launch::split_knob`]). `depth` cells of sequence 0
+/// plan with no knob ([`super::Launch::split_knob`]) or one tuned already. `depth` cells of sequence 0
 /// must be in the cache already; they are kept, except those a short
 /// context needs for the steps. Where a step fails, the plan's setting
 /// stays in force and the log says why (None).
-pub fn tune_split(launch: &mut Launch, ctx: &mut Context<'_>, depth: u32) -> Result<Option<SplitTuning>, LaunchError> {
-    let Some(knob) = launch.split_knob else {
+pub fn tune_split(
+    session: &mut Session,
+    ctx: &mut Context<'_>,
+    depth: u32,
+) -> Result<Option<SplitTuning>, LaunchError> {
+    let Some(knob) = session.split_knob else {
         return Ok(None);
     };
     // The steps must fit the context at the depth: a shallower one keeps
@@ -624,10 +628,10 @@ pub fn tune_split(launch: &mut Launch, ctx: &mut Context<'_>, depth: u32) -> Res
         return Ok(None);
     }
     ctx.seq_rm(0, depth as i32, -1);
-    launch.split_knob = None;
+    session.split_knob = None;
     let n_vocab = ctx.model().n_vocab().max(2) as u64;
     let mut probe = ContextProbe {
-        launch: &*launch,
+        session: &*session,
         ctx,
         depth,
         n_vocab,
@@ -635,7 +639,7 @@ pub fn tune_split(launch: &mut Launch, ctx: &mut Context<'_>, depth: u32) -> Res
     match search_split(knob, &mut probe) {
         Ok(tuning) => {
             tracing::info!("decode split: {tuning}");
-            launch.plan = with_setting(&launch.plan, tuning.chosen);
+            session.plan = with_setting(&session.plan, tuning.chosen);
             Ok(Some(tuning))
         }
         Err(e) => {
@@ -647,7 +651,7 @@ pub fn tune_split(launch: &mut Launch, ctx: &mut Context<'_>, depth: u32) -> Res
 
 /// A loaded context's decode steps, at `depth` of sequence 0.
 struct ContextProbe<'a, 'm> {
-    launch: &'a Launch,
+    session: &'a Session,
     ctx: &'a mut Context<'m>,
     depth: u32,
     n_vocab: u64,
@@ -655,8 +659,8 @@ struct ContextProbe<'a, 'm> {
 
 impl SplitProbe for ContextProbe<'_, '_> {
     fn put_in_force(&mut self, setting: SplitSetting) {
-        self.launch
-            .put_in_force(&with_setting(&self.launch.plan, setting), self.ctx);
+        self.session
+            .put_in_force(&with_setting(&self.session.plan, setting), self.ctx);
     }
 
     fn time_steps(&mut self) -> Result<f64, LaunchError> {

@@ -17,7 +17,7 @@
 //! reserve, streaming's overhead): those allowances are estimates made
 //! before loading, and the launch measures the room under the budget
 //! (NVML) and takes the prefix that fits
-//! ([`crate::launch::Launch::enter_decode`]).
+//! ([`crate::launch::Session::enter_decode`]).
 
 use serde::{Deserialize, Serialize};
 

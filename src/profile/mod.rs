@@ -31,6 +31,8 @@ pub enum ProfileError {
     Engine(#[from] crate::engine::EngineError),
     #[error("the profile has no {what} measurements for {ty}")]
     Missing { what: &'static str, ty: String },
+    #[error("no directory for profiles: the user's data directory is unknown (set {PROFILE_DIR_ENV}, or HOME)")]
+    NoDir,
 }
 
 /// Which device an op runs on.
@@ -464,24 +466,49 @@ fn nearest_type(samples: &[&MatmulSample], ty: GgmlType) -> Option<String> {
         .map(|(n, _)| n)
 }
 
-/// Where profiles are kept: `$PIPESHARD_PROFILE_DIR`, else `profiles/` in
-/// the source tree when it exists, else the user cache.
-pub fn default_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("PIPESHARD_PROFILE_DIR") {
-        return PathBuf::from(d);
+/// The environment variable naming the directory of profiles.
+pub const PROFILE_DIR_ENV: &str = "PIPESHARD_PROFILE_DIR";
+
+/// Where profiles are kept: `$PIPESHARD_PROFILE_DIR`, else `pipeshard/profiles`
+/// in the user's data directory (`$XDG_DATA_HOME`, else `~/.local/share`
+/// on Linux).
+pub fn default_dir() -> Result<PathBuf, ProfileError> {
+    profile_dir(std::env::var_os(PROFILE_DIR_ENV), dirs::data_dir())
+}
+
+/// The directory of profiles, from the variable's value `env` and the
+/// user's data directory `data`.
+fn profile_dir(env: Option<std::ffi::OsString>, data: Option<PathBuf>) -> Result<PathBuf, ProfileError> {
+    match env.filter(|d| !d.is_empty()) {
+        Some(d) => Ok(PathBuf::from(d)),
+        None => data
+            .map(|d| d.join("pipeshard").join("profiles"))
+            .ok_or(ProfileError::NoDir),
     }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles");
-    if repo.is_dir() {
-        return repo;
-    }
-    crate::default_model::cache_dir()
-        .map(|d| d.join("profiles"))
-        .unwrap_or_else(|_| PathBuf::from("profiles"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn profiles_live_in_the_users_data_directory_unless_the_variable_says() {
+        let data = Some(PathBuf::from("/home/u/.local/share"));
+        assert_eq!(
+            profile_dir(None, data.clone()).unwrap(),
+            Path::new("/home/u/.local/share/pipeshard/profiles")
+        );
+        assert_eq!(
+            profile_dir(Some("/tmp/p".into()), data.clone()).unwrap(),
+            Path::new("/tmp/p")
+        );
+        // An empty variable is no override.
+        assert_eq!(
+            profile_dir(Some("".into()), data).unwrap(),
+            Path::new("/home/u/.local/share/pipeshard/profiles")
+        );
+        assert!(matches!(profile_dir(None, None), Err(ProfileError::NoDir)));
+    }
 
     fn sample(device: Device, ty: &str, tokens: i64, seconds: f64) -> MatmulSample {
         MatmulSample {

@@ -10,18 +10,22 @@
 //! and hybrid split; upstream's `--fit` then leaves the placement alone.
 //! Without them the hook only checks each model file as every pipeshard
 //! command does, and the server is otherwise llama-server.
+//!
+//! Every hook reaches the run's [`ServerState`] (the model's running
+//! [`crate::launch::Session`] among it) through the `user_data` of its C
+//! callback: nothing here is process-wide.
 
-mod live;
 mod options;
 mod plan;
 mod report;
-mod tune;
+mod state;
 
 use std::path::PathBuf;
 
 pub use options::{help, split_args, ServerOptions};
-pub use plan::{installed, Installed};
-pub use report::{live_metrics, metrics_text, props_json};
+pub use plan::Installed;
+pub use report::{live_metrics, Reports};
+pub use state::ServerState;
 
 use crate::engine;
 
@@ -46,44 +50,14 @@ pub fn wants_help(args: &[String]) -> bool {
     args.iter().any(|a| a == "-h" || a == "--help" || a == "--usage")
 }
 
-/// Load the ggml backends, install pipeshard's load hook when `opts` plan
-/// the placement, and run llama.cpp's server with `upstream` until it
-/// exits; returns its exit code.
+/// Load the ggml backends and run llama.cpp's server with `upstream` and
+/// pipeshard's hooks ([`ServerState::hooks`]) until it exits; returns its
+/// exit code.
 pub fn serve(program: &str, opts: ServerOptions, upstream: &[String]) -> Result<i32, ServeError> {
     opts.check_files().map_err(ServeError::Options)?;
-    engine::init_keep_log(opts.backend_dir.as_deref())?;
-    // Every model file upstream is about to load, as it resolved the path,
-    // is checked first; with a budget or a plan, the load is then placed.
-    let hook_opts = opts.clone();
-    engine::set_load_hook(Box::new(move |req, mp, cp| {
-        check_files(req)?;
-        plan::on_load(&hook_opts, req, mp, cp).map_err(|e| e.to_string())
-    }));
-    if opts.plans() {
-        let hook_opts = opts.clone();
-        engine::set_projector_hook(Box::new(move |path, p| plan::on_projector(&hook_opts, path, p)));
-        // Between batches: the decode split tuned on the first steps
-        // served, and with `auto` the plan following the card.
-        engine::set_loop_hook(Box::new(|mut ctx| {
-            tune::on_loop(ctx.reborrow());
-            live::on_loop(ctx);
-        }));
-        // pipeshard's field in /props and gauges in /metrics (with --metrics).
-        // `auto` resolves when the model loads; the plan reports it then.
-        let budget = match opts.pipeshard.budgets() {
-            Ok(b) => match b.as_slice() {
-                [crate::launch::BudgetSpec::Bytes(b)] => Some(*b),
-                _ => None,
-            },
-            Err(e) => return Err(ServeError::Options(e.to_string())),
-        };
-        engine::set_server_reports(
-            "pipeshard",
-            Box::new(move || props_json(budget)),
-            Box::new(move || metrics_text(budget)),
-        );
-    }
-    Ok(engine::run_llama_server(program, upstream))
+    let state = ServerState::new(opts)?;
+    engine::init_keep_log(state.opts.backend_dir.as_deref())?;
+    Ok(engine::run_llama_server(program, upstream, &state.hooks()))
 }
 
 /// The model check every loading path runs ([`engine::check_model_file`]),

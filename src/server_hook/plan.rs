@@ -2,15 +2,14 @@
 //! upstream resolved, and installed into them.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use super::options::ServerOptions;
+use super::state::ServerState;
 use super::ServeError;
 use crate::engine::{
     self, ContextParams, LoadDecision, LoadRequest, LoadRole, ModelParams, OffloadQuery, PeakImage, ProjectorParams,
-    VisionOptions,
 };
-use crate::launch;
+use crate::launch::{self, Session};
 use crate::plan::{self, Plan, Workload};
 
 /// What the server's plan decided, for later loads (the draft) and for
@@ -26,166 +25,184 @@ pub struct Installed {
     pub draft_on_gpu: Option<bool>,
 }
 
-static INSTALLED: Mutex<Option<Installed>> = Mutex::new(None);
-
-/// The plan installed at the last target-model load, if any.
-pub fn installed() -> Option<Installed> {
-    INSTALLED.lock().ok().and_then(|g| g.clone())
-}
-
-/// A live re-plan's `plan`, made for `budget`, is in force.
-pub(super) fn set_installed_plan(plan: &Plan, budget: u64) {
-    if let Ok(mut g) = INSTALLED.lock() {
-        if let Some(i) = g.as_mut() {
-            i.plan = plan.clone();
-            i.budget = Some(budget);
-        }
-    }
-}
-
-/// The load hook: plan the target model for upstream's parameters (and its
-/// draft), and place the draft where that plan put it.
-pub fn on_load(
-    opts: &ServerOptions,
-    req: &LoadRequest,
-    mp: &mut ModelParams<'static>,
-    cp: &mut ContextParams,
-) -> Result<LoadDecision, ServeError> {
-    match req.role {
-        LoadRole::Target => {
-            // For benchmarks only (`--bench-routing`): the same seed as
-            // `pipeshard bench`'s, a process per slot and request.
-            cp.moe_route = opts
-                .bench_routing
-                .and_then(|p| p.router(crate::bench::ROUTING_SEED))
-                .map(|r| r.policy());
-            let Some(installed) = plan_target(opts, req, mp, cp)? else {
-                return Ok(LoadDecision::Upstream);
-            };
-            *INSTALLED.lock().map_err(|_| ServeError::Poisoned)? = Some(installed);
-            Ok(LoadDecision::Placed)
-        }
-        LoadRole::Draft => match installed().and_then(|i| i.draft_on_gpu) {
-            Some(on_gpu) => {
-                mp.n_gpu_layers = if on_gpu { -1 } else { 0 };
-                tracing::info!(
-                    "draft {}: on the {}, as planned",
-                    req.model.display(),
-                    if on_gpu { "GPU" } else { "CPU" }
-                );
+impl ServerState {
+    /// The load hook: plan the target model for upstream's parameters (and
+    /// its draft), and place the draft where that plan put it.
+    pub(super) fn on_load(
+        &self,
+        req: &LoadRequest,
+        mp: &mut ModelParams<'static>,
+        cp: &mut ContextParams,
+    ) -> Result<LoadDecision, ServeError> {
+        match req.role {
+            LoadRole::Target => {
+                // For benchmarks only (`--bench-routing`): the same seed as
+                // `pipeshard bench`'s, a process per slot and request.
+                cp.moe_route = self
+                    .opts
+                    .bench_routing
+                    .and_then(|p| p.router(crate::bench::ROUTING_SEED))
+                    .map(|r| r.policy());
+                let Some((installed, session)) = self.plan_target(req, mp, cp)? else {
+                    return Ok(LoadDecision::Upstream);
+                };
+                self.reports.install(installed, session.follower().cloned());
+                // The session of an earlier load (the server slept and
+                // reloads) ends here, its follower with it.
+                *self.session.lock().map_err(|_| ServeError::Poisoned)? = Some(session);
                 Ok(LoadDecision::Placed)
             }
-            None => Ok(LoadDecision::Upstream),
-        },
+            LoadRole::Draft => match self.reports.installed().and_then(|i| i.draft_on_gpu) {
+                Some(on_gpu) => {
+                    mp.n_gpu_layers = if on_gpu { -1 } else { 0 };
+                    tracing::info!(
+                        "draft {}: on the {}, as planned",
+                        req.model.display(),
+                        if on_gpu { "GPU" } else { "CPU" }
+                    );
+                    Ok(LoadDecision::Placed)
+                }
+                None => Ok(LoadDecision::Upstream),
+            },
+        }
     }
-}
 
-/// The one place the server turns options and upstream's parameters into
-/// an installed plan (`None`: no budget and no plan, upstream placement):
-/// the launch path every command takes, for the context upstream will
-/// create (its length, sequences, ubatch, KV types, flash attention).
-fn plan_target(
-    opts: &ServerOptions,
-    req: &LoadRequest,
-    mp: &mut ModelParams<'static>,
-    cp: &mut ContextParams,
-) -> Result<Option<Installed>, ServeError> {
-    if !opts.plans() {
-        return Ok(None);
-    }
-    let plan_err = |model: &Path| {
-        let model = model.to_path_buf();
-        move |source| ServeError::Plan { model, source }
-    };
-    let threads = cp.n_threads.unwrap_or_else(engine::default_threads);
-    let mut launch_req = launch::LaunchRequest::new(&req.model, &opts.pipeshard, threads, slots_workload(cp))
-        .map_err(plan_err(&req.model))?;
-    // The vision encoder's peak, measured for the largest image it takes,
-    // when the projector runs pipeshard's way (see `on_projector`).
-    if let (Some(mmproj), Some(mut v), Some(_)) = (
-        &req.mmproj,
-        *VISION.lock().map_err(|_| ServeError::Poisoned)?,
-        launch_req.budget,
-    ) {
-        v.threads = threads;
-        launch_req.vision = launch::vision_setup(&req.model, Some(mmproj), v, true, &PeakImage::Largest)
-            .map_err(plan_err(mmproj))?
-            .unwrap_or_default();
-    }
-    launch_req.full_slot_prompt = true;
-    launch_req.draft = req.draft.clone().map(|path| launch::DraftSource {
-        path,
-        on_gpu: None,
-        draft_tokens: DRAFT_N_MAX,
-        acceptance: opts.draft_acceptance,
-    });
-    let Some(launched) = launch::plan_for(&launch_req, cp, |_, _| {}).map_err(plan_err(&req.model))? else {
-        return Ok(None);
-    };
-    let upstream_outputs = cp.n_outputs_max;
-    launched.install(mp, cp).map_err(plan_err(&req.model))?;
-    // The decode split is timed on the first steps served, except where
-    // the plan follows the card: a re-plan sets its own share and slots.
-    super::tune::start(
-        launched.replan.is_none().then_some(&launched),
-        cp,
-        opts.pipeshard.plan.is_none().then_some(launched.budget),
-    );
-    // --vram-budget auto: the plan follows the card while serving.
-    if let Some(basis) = launched.replan.clone() {
-        // One buffer per weight, so that each weight moved frees its memory.
-        mp.movable_weights = true;
-        super::live::start(
-            basis,
-            &launched.plan,
-            launched.budget,
-            opts.pipeshard.vram_headroom,
-            launched.switch.clone(),
-        );
-    }
-    // Upstream sizes its outputs for what it samples (speculative checks);
-    // never fewer than that.
-    if upstream_outputs != 0 {
-        cp.n_outputs_max = cp.n_outputs_max.max(upstream_outputs);
-    }
-    // With the budget following the card, weights move between two batches
-    // (the loop callback, patch 0024), so a batch is one ubatch: a change
-    // waits for at most one ubatch in flight, not for several slots' prompts
-    // (s10live-c: 1.76 s behind a batch of four 4096-token prompts).
-    cp.n_batch = if launched.replan.is_some() {
-        cp.n_ubatch
-    } else {
-        slots_batch(cp)
-    };
-    let plan = launched.plan;
-    tracing::info!(
-        "pipeshard plan for {}: ubatch {}, {} of weights resident, VRAM {} of {} ({} outside llama.cpp's buffers), {} stream slots, predicted {:.1} tok/s",
-        req.model.display(),
-        plan.ubatch,
-        plan::fmt_bytes(plan.resident_bytes()),
-        plan::fmt_bytes(plan.vram.total),
-        plan::fmt_bytes(plan.vram.budget),
-        plan::fmt_bytes(plan.vram.reserve),
-        plan.stream_slots,
-        plan.predicted.decode_tok_s,
-    );
-    // The offload policy sees every ubatch the scheduler places: its size
-    // is the plan tier /metrics reports.
-    if let Some(inner) = cp.offload.take() {
-        cp.offload = Some(Arc::new(move |q: &OffloadQuery<'_>| {
-            super::report::note_ubatch(q.n_tokens);
-            inner(q)
+    /// The one place the server turns options and upstream's parameters
+    /// into an installed plan and its running session (`None`: no budget
+    /// and no plan, upstream placement): the launch path every command
+    /// takes, for the context upstream will create (its length, sequences,
+    /// ubatch, KV types, flash attention).
+    fn plan_target(
+        &self,
+        req: &LoadRequest,
+        mp: &mut ModelParams<'static>,
+        cp: &mut ContextParams,
+    ) -> Result<Option<(Installed, Session)>, ServeError> {
+        let opts = &self.opts;
+        if !opts.plans() {
+            return Ok(None);
+        }
+        let plan_err = |model: &Path| {
+            let model = model.to_path_buf();
+            move |source| ServeError::Plan { model, source }
+        };
+        let threads = cp.n_threads.unwrap_or_else(engine::default_threads);
+        let mut launch_req = launch::LaunchRequest::new(&req.model, &opts.pipeshard, threads, slots_workload(cp))
+            .map_err(plan_err(&req.model))?;
+        // The vision encoder's peak, measured for the largest image it takes,
+        // when the projector runs pipeshard's way (see `on_projector`).
+        if let (Some(mmproj), Some(mut v), Some(_)) = (
+            &req.mmproj,
+            *self.vision.lock().map_err(|_| ServeError::Poisoned)?,
+            launch_req.budget,
+        ) {
+            v.threads = threads;
+            launch_req.vision = launch::vision_setup(&req.model, Some(mmproj), v, true, &PeakImage::Largest)
+                .map_err(plan_err(mmproj))?
+                .unwrap_or_default();
+        }
+        launch_req.full_slot_prompt = true;
+        launch_req.draft = req.draft.clone().map(|path| launch::DraftSource {
+            path,
+            on_gpu: None,
+            draft_tokens: DRAFT_N_MAX,
+            acceptance: opts.draft_acceptance,
+        });
+        let Some(launched) = launch::plan_for(&launch_req, cp, |_, _| {}).map_err(plan_err(&req.model))? else {
+            return Ok(None);
+        };
+        let upstream_outputs = cp.n_outputs_max;
+        let mut session = launched.install(mp, cp).map_err(plan_err(&req.model))?;
+        // The reports follow the plan in force.
+        let reports = Arc::downgrade(&self.reports);
+        session.on_plan_changed(Arc::new(move |plan, budget| {
+            if let Some(r) = reports.upgrade() {
+                r.plan_changed(plan, budget);
+            }
         }));
+        // The decode split is timed on the first steps served, except where
+        // the plan follows the card: a re-plan sets its own share and slots.
+        session.tune_while_serving(cp);
+        // --vram-budget auto: the plan follows the card while serving.
+        if launched.replan.is_some() {
+            // One buffer per weight, so that each weight moved frees its memory.
+            mp.movable_weights = true;
+            self.follow_card(&mut session);
+        }
+        // Upstream sizes its outputs for what it samples (speculative checks);
+        // never fewer than that.
+        if upstream_outputs != 0 {
+            cp.n_outputs_max = cp.n_outputs_max.max(upstream_outputs);
+        }
+        // With the budget following the card, weights move between two batches
+        // (the loop callback, patch 0024), so a batch is one ubatch: a change
+        // waits for at most one ubatch in flight, not for several slots' prompts
+        // (s10live-c: 1.76 s behind a batch of four 4096-token prompts).
+        cp.n_batch = if launched.replan.is_some() {
+            cp.n_ubatch
+        } else {
+            slots_batch(cp)
+        };
+        let plan = launched.plan;
+        tracing::info!(
+            "pipeshard plan for {}: ubatch {}, {} of weights resident, VRAM {} of {} ({} outside llama.cpp's buffers), {} stream slots, predicted {:.1} tok/s",
+            req.model.display(),
+            plan.ubatch,
+            plan::fmt_bytes(plan.resident_bytes()),
+            plan::fmt_bytes(plan.vram.total),
+            plan::fmt_bytes(plan.vram.budget),
+            plan::fmt_bytes(plan.vram.reserve),
+            plan.stream_slots,
+            plan.predicted.decode_tok_s,
+        );
+        // The offload policy sees every ubatch the scheduler places: its size
+        // is the plan tier /metrics reports.
+        if let Some(inner) = cp.offload.take() {
+            let reports = Arc::clone(&self.reports);
+            cp.offload = Some(Arc::new(move |q: &OffloadQuery<'_>| {
+                reports.note_ubatch(q.n_tokens);
+                inner(q)
+            }));
+        }
+        self.reports.start_peak_sampler();
+        let draft_on_gpu = plan.workload.speculation.map(|s| s.draft_on_gpu);
+        let from_file = opts.pipeshard.plan.is_some();
+        let installed = Installed {
+            budget: (!from_file).then_some(launched.budget),
+            plan,
+            from_file,
+            draft_on_gpu,
+        };
+        Ok(Some((installed, session)))
     }
-    super::report::start_peak_sampler();
-    let draft_on_gpu = plan.workload.speculation.map(|s| s.draft_on_gpu);
-    let from_file = opts.pipeshard.plan.is_some();
-    Ok(Some(Installed {
-        budget: (!from_file).then_some(launched.budget),
-        plan,
-        from_file,
-        draft_on_gpu,
-    }))
+
+    /// Start following the card for `session`'s plan: its samples recorded
+    /// where `PIPESHARD_REPLAN_RECORD` says, its free memory read from NVML
+    /// or a trace; where the sampling cannot start, the budget stays fixed
+    /// at the load's.
+    fn follow_card(&self, session: &mut Session) {
+        let Some(f) = session.follow_card(self.opts.pipeshard.vram_headroom, Box::new(engine::wake_server_loop)) else {
+            return;
+        };
+        if let Some(path) = std::env::var_os(launch::live::RECORD_ENV).filter(|p| !p.is_empty()) {
+            if let Err(e) = f.record_to(Path::new(&path)) {
+                tracing::warn!("cannot record the card's samples to {}: {e}", path.to_string_lossy());
+            }
+        }
+        let spawned = match launch::live::source::from_env() {
+            Ok(source) => f
+                .spawn(source)
+                .map_err(|e| format!("starting the sampling thread: {e}")),
+            Err(e) => Err(e.to_string()),
+        };
+        match spawned {
+            Ok(()) => tracing::info!("--vram-budget auto: the plan follows the card's free memory while serving"),
+            Err(e) => {
+                tracing::error!("the budget stays fixed at the load's: {e}");
+                session.stop_following();
+            }
+        }
+    }
 }
 
 /// The workload the server plans for: the reference prompt and generated
@@ -222,16 +239,13 @@ fn slots_batch(cp: &ContextParams) -> u32 {
     cp.n_batch.max(cap)
 }
 
-/// How the vision encoder runs under the plan, once the projector hook set it.
-static VISION: Mutex<Option<VisionOptions>> = Mutex::new(None);
-
 /// The projector hook: with a plan and a GPU, the encoder's weights stay in
 /// pinned host memory and stream to the GPU, and the server keeps the
 /// encoder's compute memory and the language model's apart around every
 /// image (patches 0004 and 0008); the plan then budgets the larger of the
 /// two peaks, not their sum. Otherwise the encoder runs as upstream's.
-pub fn on_projector(opts: &ServerOptions, path: &Path, p: &mut ProjectorParams) {
-    if !opts.plans() || !p.use_gpu || !engine::has_gpu() {
+pub(super) fn on_projector(state: &ServerState, path: &Path, p: &mut ProjectorParams) {
+    if !state.opts.plans() || !p.use_gpu || !engine::has_gpu() {
         return;
     }
     // The encoder runs as `run` runs it (one decision, launch::vision_options):
@@ -242,7 +256,7 @@ pub fn on_projector(opts: &ServerOptions, path: &Path, p: &mut ProjectorParams) 
     // upstream's --image-max-tokens bounds it.
     let v = engine::VisionOptions {
         image_max_tokens: p.image_max_tokens,
-        ..launch::vision_options(&opts.pipeshard, p.use_gpu, engine::default_threads())
+        ..launch::vision_options(&state.opts.pipeshard, p.use_gpu, engine::default_threads())
     };
     p.weights_on_host = v.weights_on_host;
     p.stream_slots = v.stream_slots;
@@ -254,7 +268,7 @@ pub fn on_projector(opts: &ServerOptions, path: &Path, p: &mut ProjectorParams) 
     // process, so the encoder's kernels and pools are warm.
     p.warmup = false;
     engine::set_media_release_compute(v.separate_peaks);
-    if let Ok(mut g) = VISION.lock() {
+    if let Ok(mut g) = state.vision.lock() {
         *g = Some(v);
     }
     tracing::info!(

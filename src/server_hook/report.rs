@@ -4,22 +4,34 @@
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::json;
 
-use super::plan::installed;
+use super::plan::Installed;
 use crate::engine;
+use crate::launch::live::Follower;
+use crate::plan::Plan;
 
-/// Tokens of the last ubatch the scheduler placed under the plan.
-static LAST_UBATCH_TOKENS: AtomicU64 = AtomicU64::new(0);
-/// The process's memory sampler (NVML, every 20 ms), for the life of the
-/// process once a plan is installed.
-static SAMPLER: OnceLock<engine::MemorySampler> = OnceLock::new();
+/// What the server's reports read, written by its hooks: the plan
+/// installed at the last target-model load, its live loop, the size of the
+/// last ubatch and the process's memory sampler.
+#[derive(Default)]
+pub struct Reports {
+    /// The budget as the options give it, until a plan resolves it (`auto`
+    /// resolves when the model loads).
+    budget: Option<u64>,
+    installed: Mutex<Option<Installed>>,
+    follower: Mutex<Option<Arc<Follower>>>,
+    /// Tokens of the last ubatch the scheduler placed under the plan.
+    last_ubatch_tokens: AtomicU64,
+    /// The process's memory sampler (NVML, every 20 ms), from the first
+    /// plan installed on.
+    sampler: Mutex<Option<engine::MemorySampler>>,
+}
 
-/// Note the size of a ubatch the plan's offload policy is asked about.
-pub(crate) fn note_ubatch(n_tokens: i64) {
-    LAST_UBATCH_TOKENS.store(n_tokens.max(0) as u64, Relaxed);
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The process's device memory as NVML reports it (what nvidia-smi shows),
@@ -31,114 +43,159 @@ fn gpu_used() -> u64 {
     }
 }
 
-/// Sample the process's device memory for the peak gauge, once per
-/// process however many models load (only with a GPU).
-pub(crate) fn start_peak_sampler() {
-    if engine::has_gpu() {
-        SAMPLER.get_or_init(|| {
-            engine::MemorySampler::start(engine::first_device(engine::DeviceKind::Gpu).map(|d| d.index))
-        });
+impl Reports {
+    /// Reports for the budget `budget` the options give (None: none, or
+    /// `auto`).
+    pub fn new(budget: Option<u64>) -> Reports {
+        Reports {
+            budget,
+            ..Reports::default()
+        }
     }
-}
 
-/// The `pipeshard` field of `/props`: the budget (`budget`, as the options
-/// give it, until a plan resolves it) and a summary of the plan (null
-/// without one, e.g. without a GPU).
-pub fn props_json(budget: Option<u64>) -> String {
-    let Some(i) = installed() else {
-        return json!({"vram_budget": budget, "plan": null}).to_string();
-    };
-    let p = &i.plan;
-    json!({
-        "vram_budget": i.budget,
-        "plan": {
-            "source": if i.from_file { "file" } else { "budget" },
-            "model": p.model,
-            "ubatch": p.ubatch,
-            "tiers": p.tiers,
-            "n_layer": p.n_layer,
-            "kv_gpu_layers": p.kv_gpu_layers,
-            "pinned": p.pinned,
-            "stream_slots": p.stream_slots,
-            "stream_routed_max": p.stream_routed_max,
-            "hybrid_gpu_experts": p.hybrid_gpu_experts,
-            "row_split_share": p.row_split_share,
-            "resident_bytes": p.resident_bytes(),
-            "vram": p.vram,
-            "predicted": p.predicted,
-            "draft_on_gpu": i.draft_on_gpu,
-        },
-    })
-    .to_string()
-}
+    /// The plan installed at the last target-model load, if any.
+    pub fn installed(&self) -> Option<Installed> {
+        lock(&self.installed).clone()
+    }
 
-/// pipeshard's gauges in Prometheus text form; `budget` as in [`props_json`].
-pub fn metrics_text(budget: Option<u64>) -> String {
-    let i = installed();
-    let plan = i.as_ref().map(|i| &i.plan);
-    let per_tier = plan.map(|p| p.streamed_per_tier());
-    let last = LAST_UBATCH_TOKENS.load(Relaxed);
-    let (tier, streamed) = match (&per_tier, last) {
-        (Some(s), n) if n > 0 => s.batch(n.min(u32::MAX as u64) as u32),
-        _ => (0, 0),
-    };
-    let rows: [(&str, &str, u64); 6] = [
-        (
-            "pipeshard_vram_budget_bytes",
-            "VRAM budget in bytes (0: none).",
-            super::live::stats()
-                .map(|s| s.budget)
-                .or_else(|| i.as_ref().map_or(budget, |i| i.budget))
-                .unwrap_or(0),
-        ),
-        (
-            "pipeshard_vram_used_bytes",
-            "The process's device memory as NVML reports it (what nvidia-smi shows; without NVML, the GPU's memory in use), bytes.",
-            gpu_used(),
-        ),
-        (
-            "pipeshard_vram_peak_bytes",
-            "Most device memory of the process (as pipeshard_vram_used_bytes) since the plan was installed, sampled every 20 ms, bytes.",
-            SAMPLER.get().map_or(0, |s| s.device_peak().load(Relaxed)),
-        ),
-        (
-            "pipeshard_plan_resident_bytes",
-            "Weight bytes the plan keeps in VRAM (0 without a plan).",
-            plan.map_or(0, |p| p.resident_bytes()),
-        ),
-        (
-            "pipeshard_plan_tier",
-            "Plan tier (ubatch tokens) of the last ubatch the scheduler placed; 0 without a plan.",
-            tier as u64,
-        ),
-        (
-            "pipeshard_plan_streamed_bytes_per_ubatch",
-            "Weight bytes the plan streams to the GPU for a ubatch of the last tier.",
-            streamed,
-        ),
-    ];
-    let mut out = String::new();
-    for (name, help, v) in rows {
-        metric(&mut out, name, "gauge", help, v);
+    /// A target model's plan is installed, with the follower of the card
+    /// when the budget follows it.
+    pub(super) fn install(&self, installed: Installed, follower: Option<Arc<Follower>>) {
+        *lock(&self.installed) = Some(installed);
+        *lock(&self.follower) = follower;
     }
-    metric(
-        &mut out,
-        "pipeshard_plan_predicted_decode_tokens_per_second",
-        "gauge",
-        "Decode speed the plan in force predicts (0 without a plan).",
-        plan.map_or(0.0, |p| p.predicted.decode_tok_s),
-    );
-    if let Some(live) = super::live::stats() {
-        out.push_str(&live_metrics(&live));
+
+    /// Another `plan`, made for `budget`, is in force (a tuned split, a
+    /// live re-plan).
+    pub(super) fn plan_changed(&self, plan: &Plan, budget: u64) {
+        if let Some(i) = lock(&self.installed).as_mut() {
+            i.plan = plan.clone();
+            i.budget = Some(budget);
+        }
     }
-    metric(
-        &mut out,
-        "pipeshard_bytes_streamed_total",
-        "counter",
-        "Weight bytes copied from host memory to the GPU since the server started (streamed weights, or only the experts a MoE matmul used).",
-        engine::weight_bytes_streamed(),
-    );
-    out
+
+    /// Note the size of a ubatch the plan's offload policy is asked about.
+    pub(super) fn note_ubatch(&self, n_tokens: i64) {
+        self.last_ubatch_tokens.store(n_tokens.max(0) as u64, Relaxed);
+    }
+
+    /// Sample the process's device memory for the peak gauge, once however
+    /// many models load (only with a GPU).
+    pub(super) fn start_peak_sampler(&self) {
+        if engine::has_gpu() {
+            lock(&self.sampler).get_or_insert_with(|| {
+                engine::MemorySampler::start(engine::first_device(engine::DeviceKind::Gpu).map(|d| d.index))
+            });
+        }
+    }
+
+    /// The live loop's figures, if the budget follows the card.
+    fn live(&self) -> Option<crate::launch::live::Snapshot> {
+        lock(&self.follower).as_ref().map(|f| f.stats())
+    }
+
+    /// The `pipeshard` field of `/props`: the budget and a summary of the
+    /// plan (null without one, e.g. without a GPU).
+    pub fn props_json(&self) -> String {
+        let Some(i) = self.installed() else {
+            return json!({"vram_budget": self.budget, "plan": null}).to_string();
+        };
+        let p = &i.plan;
+        json!({
+            "vram_budget": i.budget,
+            "plan": {
+                "source": if i.from_file { "file" } else { "budget" },
+                "model": p.model,
+                "ubatch": p.ubatch,
+                "tiers": p.tiers,
+                "n_layer": p.n_layer,
+                "kv_gpu_layers": p.kv_gpu_layers,
+                "pinned": p.pinned,
+                "stream_slots": p.stream_slots,
+                "stream_routed_max": p.stream_routed_max,
+                "hybrid_gpu_experts": p.hybrid_gpu_experts,
+                "row_split_share": p.row_split_share,
+                "resident_bytes": p.resident_bytes(),
+                "vram": p.vram,
+                "predicted": p.predicted,
+                "draft_on_gpu": i.draft_on_gpu,
+            },
+        })
+        .to_string()
+    }
+
+    /// pipeshard's gauges in Prometheus text form.
+    pub fn metrics_text(&self) -> String {
+        let i = self.installed();
+        let live = self.live();
+        let plan = i.as_ref().map(|i| &i.plan);
+        let per_tier = plan.map(|p| p.streamed_per_tier());
+        let last = self.last_ubatch_tokens.load(Relaxed);
+        let (tier, streamed) = match (&per_tier, last) {
+            (Some(s), n) if n > 0 => s.batch(n.min(u32::MAX as u64) as u32),
+            _ => (0, 0),
+        };
+        let peak = lock(&self.sampler)
+            .as_ref()
+            .map_or(0, |s| s.device_peak().load(Relaxed));
+        let rows: [(&str, &str, u64); 6] = [
+            (
+                "pipeshard_vram_budget_bytes",
+                "VRAM budget in bytes (0: none).",
+                live.as_ref()
+                    .map(|s| s.budget)
+                    .or_else(|| i.as_ref().map_or(self.budget, |i| i.budget))
+                    .unwrap_or(0),
+            ),
+            (
+                "pipeshard_vram_used_bytes",
+                "The process's device memory as NVML reports it (what nvidia-smi shows; without NVML, the GPU's memory in use), bytes.",
+                gpu_used(),
+            ),
+            (
+                "pipeshard_vram_peak_bytes",
+                "Most device memory of the process (as pipeshard_vram_used_bytes) since the plan was installed, sampled every 20 ms, bytes.",
+                peak,
+            ),
+            (
+                "pipeshard_plan_resident_bytes",
+                "Weight bytes the plan keeps in VRAM (0 without a plan).",
+                plan.map_or(0, |p| p.resident_bytes()),
+            ),
+            (
+                "pipeshard_plan_tier",
+                "Plan tier (ubatch tokens) of the last ubatch the scheduler placed; 0 without a plan.",
+                tier as u64,
+            ),
+            (
+                "pipeshard_plan_streamed_bytes_per_ubatch",
+                "Weight bytes the plan streams to the GPU for a ubatch of the last tier.",
+                streamed,
+            ),
+        ];
+        let mut out = String::new();
+        for (name, help, v) in rows {
+            metric(&mut out, name, "gauge", help, v);
+        }
+        metric(
+            &mut out,
+            "pipeshard_plan_predicted_decode_tokens_per_second",
+            "gauge",
+            "Decode speed the plan in force predicts (0 without a plan).",
+            plan.map_or(0.0, |p| p.predicted.decode_tok_s),
+        );
+        if let Some(live) = &live {
+            out.push_str(&live_metrics(live));
+        }
+        metric(
+            &mut out,
+            "pipeshard_bytes_streamed_total",
+            "counter",
+            "Weight bytes copied from host memory to the GPU since the server started (streamed weights, or only the experts a MoE matmul used).",
+            engine::weight_bytes_streamed(),
+        );
+        out
+    }
 }
 
 /// One Prometheus metric in the text format: its help, its type and its
