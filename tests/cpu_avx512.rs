@@ -1,20 +1,22 @@
-//! Patch 0042's GEMV for repacked Q4_0 on AVX-512 VNNI, which the default
-//! CPU backend module (built for an explicit AVX2 level) leaves out. On a
-//! CPU with AVX-512 F/BW/VL/VNNI this test builds a CPU module for those
-//! features from the same patched tree (cached in the target directory),
-//! loads it instead of the default one, and decodes a Q4_0 model split by
-//! rows (patch 0017), the CPU's rows once from the plain weights and once
-//! from repacked copies (patch 0039), whose single-token steps go through
-//! the new kernel. Where the building machine's CPU lacks those features the
-//! test is ignored, with the reason (build.rs sets the cfg).
+//! The GEMVs for repacked weights on AVX-512 VNNI (patches 0042: Q4_0, 0051:
+//! Q6_K, 0052: Q8_0, 0054: Q4_K), which the default CPU backend module (built
+//! for an explicit AVX2 level) leaves out. On a CPU with AVX-512 F/BW/VL/VNNI these
+//! tests build a CPU module for those features from the same patched tree
+//! (cached in the target directory), load it instead of the default one, and
+//! decode a model split by rows (patch 0017), the CPU's rows once from the
+//! plain weights and once from repacked copies (patch 0039), whose
+//! single-token steps go through the new kernel. Where the building machine's
+//! CPU lacks those features the tests are ignored, with the reason (build.rs
+//! sets the cfg).
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use pipeshard::engine::{argmax, buffer_types, Context, ContextParams, Model, ModelParams, RowSplitPolicy, Token};
+use pipeshard::synth::Quant;
 
 /// Whether this CPU runs the kernel: AVX-512 F, BW, VL and VNNI.
 fn has_avx512_vnni() -> bool {
@@ -33,8 +35,13 @@ fn has_avx512_vnni() -> bool {
 
 /// libggml-cpu.so for AVX-512 VNNI from the patched tree that build.rs
 /// prepared, built once per source stamp (cmake from `CMAKE`, as `./dev`
-/// sets it, else from PATH).
+/// sets it, else from PATH); the tests that run at once wait for one build.
 fn avx512_cpu_module() -> PathBuf {
+    static MODULE: OnceLock<PathBuf> = OnceLock::new();
+    MODULE.get_or_init(build_avx512_cpu_module).clone()
+}
+
+fn build_avx512_cpu_module() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let src = root.join("vendor/llama.cpp");
     let stamp = std::fs::read_to_string(src.join(".pipeshard-stamp")).expect("build.rs's patched tree (build first)");
@@ -94,12 +101,46 @@ fn avx512_cpu_module() -> PathBuf {
     ignore = "this CPU lacks AVX-512 F/BW/VL/VNNI, so patch 0042's kernel cannot run here"
 )]
 fn avx512_vnni_repacked_q4_0_decodes_as_the_plain_weights() {
+    repacked_decodes_as_the_plain_weights(Quant::Q4_0);
+}
+
+#[test]
+#[cfg_attr(
+    not(pipeshard_host_avx512_vnni),
+    ignore = "this CPU lacks AVX-512 F/BW/VL/VNNI, so patch 0051's kernel cannot run here"
+)]
+fn avx512_vnni_repacked_q6_k_decodes_as_the_plain_weights() {
+    repacked_decodes_as_the_plain_weights(Quant::Q6_K);
+}
+
+#[test]
+#[cfg_attr(
+    not(pipeshard_host_avx512_vnni),
+    ignore = "this CPU lacks AVX-512 F/BW/VL/VNNI, so patch 0052's kernel cannot run here"
+)]
+fn avx512_vnni_repacked_q8_0_decodes_as_the_plain_weights() {
+    repacked_decodes_as_the_plain_weights(Quant::Q8_0);
+}
+
+#[test]
+#[cfg_attr(
+    not(pipeshard_host_avx512_vnni),
+    ignore = "this CPU lacks AVX-512 F/BW/VL/VNNI, so patch 0054's kernel cannot run here"
+)]
+fn avx512_vnni_repacked_q4_k_m_decodes_as_the_plain_weights() {
+    // Q4_K feed-forward weights, Q6_K in some layers' down projection
+    repacked_decodes_as_the_plain_weights(Quant::Q4_K_M);
+}
+
+/// Decode a tiny model of `quant` with the CPU's rows from the plain weights
+/// and from repacked copies, and compare the logits.
+fn repacked_decodes_as_the_plain_weights(quant: Quant) {
     assert!(
         has_avx512_vnni(),
-        "this CPU lacks AVX-512 F/BW/VL/VNNI, so patch 0042's kernel cannot run here"
+        "this CPU lacks AVX-512 F/BW/VL/VNNI, so the kernels cannot run here"
     );
     // Only the new module in the directory that init searches first.
-    let dir = common::scratch_dir("cpu-avx512");
+    let dir = common::scratch_dir(&format!("cpu-avx512-{quant}"));
     std::fs::copy(avx512_cpu_module(), dir.join("libggml-cpu.so")).unwrap();
     pipeshard::engine::init(Some(&dir)).unwrap();
     let features = pipeshard::engine::cpu_features();
@@ -108,7 +149,7 @@ fn avx512_vnni_repacked_q4_0_decodes_as_the_plain_weights() {
         "the AVX-512 module was not the one loaded: {features:?}"
     );
 
-    let path = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", pipeshard::synth::Quant::Q4_0);
+    let path = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", quant);
     let cpu = buffer_types().into_iter().find(|b| b.name() == "CPU").unwrap();
     let load = |copies: bool| {
         Model::load(
