@@ -540,18 +540,18 @@ fn measure_routing(
     ctx: &mut Context<'_>,
     prompt: &[Token],
     cfg: &BenchConfig,
-    mut launched: Option<&mut crate::launch::Launch>,
+    mut session: Option<&mut crate::launch::Session>,
 ) -> Result<Option<routing_stats::RoutingStats>, BenchError> {
     ctx.clear();
-    if let Some(launch) = &mut launched {
-        launch.leave_decode(ctx)?;
+    if let Some(s) = &mut session {
+        s.leave_decode(ctx)?;
     }
     let recorder = routing_stats::Recorder::default();
     ctx.set_moe_observer(Some(recorder.observer()));
     ctx.decode_tokens(prompt, 0, true)?;
     let mut tok = ctx.greedy_token(-1)?;
-    if let Some(launch) = &mut launched {
-        launch.enter_decode(ctx)?;
+    if let Some(s) = &mut session {
+        s.enter_decode(ctx)?;
     }
     for i in 0..cfg.gen_tokens {
         ctx.decode_tokens(&[tok], (cfg.prompt_tokens + i) as i32, true)?;
