@@ -356,3 +356,41 @@ fn json_schema_and_grammar_together_are_400() {
     assert_eq!(status, 400, "{answer}");
     assert!(answer.contains("Cannot use both json_schema and grammar"), "{answer}");
 }
+
+/// With `ignore_eos`, a grammar that is complete ends the completion: 200
+/// with the output it matched and stop type "eos" (finish_reason "stop"),
+/// by patch 0048. Before, the sampler picked a token the complete grammar
+/// rejects and the request answered 500 "Unexpected empty grammar stack"
+/// (fuzz-http seeds 45003 and 45004).
+#[test]
+fn a_complete_grammar_ends_the_completion_under_ignore_eos() {
+    let dir = work_dir("grammar-end-ignore-eos");
+    let s = server(&dir, &["-c", "1024", "-np", "1", "-t", "2"]);
+    for seed in 0..3 {
+        let body = serde_json::json!({
+            "prompt": "Hi", "grammar": "root ::= .", "ignore_eos": true, "n_predict": 9, "seed": seed,
+        });
+        let (status, answer) = s.post("/completion", &body, Duration::from_secs(60)).unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert_eq!(status, 200, "seed {seed}: {answer}");
+        let r: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(
+            r["content"].as_str().unwrap().chars().count(),
+            1,
+            "seed {seed}: {answer}"
+        );
+        assert_eq!(r["stop_type"], "eos", "seed {seed}: {answer}");
+    }
+    let chat = serde_json::json!({
+        "messages": [{"role": "user", "content": "Hi"}],
+        "grammar": "root ::= \"yes\" | \"no\"", "ignore_eos": true, "max_tokens": 9,
+    });
+    let oai = serde_json::json!({"prompt": "Hi", "grammar": "root ::= .", "ignore_eos": true, "max_tokens": 9});
+    for (path, body) in [("/v1/chat/completions", chat), ("/v1/completions", oai)] {
+        let (status, answer) = s.post(path, &body, Duration::from_secs(60)).unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert_eq!(status, 200, "{path}: {answer}");
+        let r: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(r["choices"][0]["finish_reason"], "stop", "{path}: {answer}");
+    }
+}
