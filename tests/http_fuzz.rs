@@ -394,3 +394,35 @@ fn a_complete_grammar_ends_the_completion_under_ignore_eos() {
         assert_eq!(r["choices"][0]["finish_reason"], "stop", "{path}: {answer}");
     }
 }
+
+/// An empty prompt with `n_cmpl` > 1 answers at once with n_cmpl empty
+/// completions, as an empty prompt without it answers one (patch 0049).
+/// Before, the children waited for a parent prompt that was never
+/// processed, and the request never answered (fuzz-http seeds 45003 and
+/// 45004).
+#[test]
+fn an_empty_prompt_with_n_cmpl_answers_at_once() {
+    let dir = work_dir("empty-prompt-n-cmpl");
+    let s = server(&dir, &["-c", "1024", "-np", "3", "-t", "2"]);
+    for n in [2, 3] {
+        for stream in [false, true] {
+            let body = serde_json::json!({"prompt": "", "n_cmpl": n, "stream": stream});
+            let t0 = Instant::now();
+            let (status, answer) = s
+                .post("/v1/completions", &body, Duration::from_secs(10))
+                .unwrap_or_else(|o| panic!("n_cmpl {n}, stream {stream}: {o:?}"));
+            let answer = String::from_utf8_lossy(&answer);
+            assert!(t0.elapsed() < Duration::from_secs(2), "took {:?}", t0.elapsed());
+            assert_eq!(status, 200, "n_cmpl {n}, stream {stream}: {answer}");
+            if stream {
+                assert!(answer.contains("[DONE]"), "n_cmpl {n}: {answer}");
+            } else {
+                let r: Value = serde_json::from_str(&answer).unwrap();
+                let choices = r["choices"].as_array().unwrap();
+                assert_eq!(choices.len(), n, "{answer}");
+                assert!(choices.iter().all(|c| c["text"] == ""), "{answer}");
+            }
+        }
+    }
+    assert!(s.wait_idle(Duration::from_secs(5)), "a slot is still processing");
+}
