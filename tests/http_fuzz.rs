@@ -356,3 +356,73 @@ fn json_schema_and_grammar_together_are_400() {
     assert_eq!(status, 400, "{answer}");
     assert!(answer.contains("Cannot use both json_schema and grammar"), "{answer}");
 }
+
+/// With `ignore_eos`, a grammar that is complete ends the completion: 200
+/// with the output it matched and stop type "eos" (finish_reason "stop"),
+/// by patch 0048. Before, the sampler picked a token the complete grammar
+/// rejects and the request answered 500 "Unexpected empty grammar stack"
+/// (fuzz-http seeds 45003 and 45004).
+#[test]
+fn a_complete_grammar_ends_the_completion_under_ignore_eos() {
+    let dir = work_dir("grammar-end-ignore-eos");
+    let s = server(&dir, &["-c", "1024", "-np", "1", "-t", "2"]);
+    for seed in 0..3 {
+        let body = serde_json::json!({
+            "prompt": "Hi", "grammar": "root ::= .", "ignore_eos": true, "n_predict": 9, "seed": seed,
+        });
+        let (status, answer) = s.post("/completion", &body, Duration::from_secs(60)).unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert_eq!(status, 200, "seed {seed}: {answer}");
+        let r: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(
+            r["content"].as_str().unwrap().chars().count(),
+            1,
+            "seed {seed}: {answer}"
+        );
+        assert_eq!(r["stop_type"], "eos", "seed {seed}: {answer}");
+    }
+    let chat = serde_json::json!({
+        "messages": [{"role": "user", "content": "Hi"}],
+        "grammar": "root ::= \"yes\" | \"no\"", "ignore_eos": true, "max_tokens": 9,
+    });
+    let oai = serde_json::json!({"prompt": "Hi", "grammar": "root ::= .", "ignore_eos": true, "max_tokens": 9});
+    for (path, body) in [("/v1/chat/completions", chat), ("/v1/completions", oai)] {
+        let (status, answer) = s.post(path, &body, Duration::from_secs(60)).unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert_eq!(status, 200, "{path}: {answer}");
+        let r: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(r["choices"][0]["finish_reason"], "stop", "{path}: {answer}");
+    }
+}
+
+/// An empty prompt with `n_cmpl` > 1 answers at once with n_cmpl empty
+/// completions, as an empty prompt without it answers one (patch 0049).
+/// Before, the children waited for a parent prompt that was never
+/// processed, and the request never answered (fuzz-http seeds 45003 and
+/// 45004).
+#[test]
+fn an_empty_prompt_with_n_cmpl_answers_at_once() {
+    let dir = work_dir("empty-prompt-n-cmpl");
+    let s = server(&dir, &["-c", "1024", "-np", "3", "-t", "2"]);
+    for n in [2, 3] {
+        for stream in [false, true] {
+            let body = serde_json::json!({"prompt": "", "n_cmpl": n, "stream": stream});
+            let t0 = Instant::now();
+            let (status, answer) = s
+                .post("/v1/completions", &body, Duration::from_secs(10))
+                .unwrap_or_else(|o| panic!("n_cmpl {n}, stream {stream}: {o:?}"));
+            let answer = String::from_utf8_lossy(&answer);
+            assert!(t0.elapsed() < Duration::from_secs(2), "took {:?}", t0.elapsed());
+            assert_eq!(status, 200, "n_cmpl {n}, stream {stream}: {answer}");
+            if stream {
+                assert!(answer.contains("[DONE]"), "n_cmpl {n}: {answer}");
+            } else {
+                let r: Value = serde_json::from_str(&answer).unwrap();
+                let choices = r["choices"].as_array().unwrap();
+                assert_eq!(choices.len(), n, "{answer}");
+                assert!(choices.iter().all(|c| c["text"] == ""), "{answer}");
+            }
+        }
+    }
+    assert!(s.wait_idle(Duration::from_secs(5)), "a slot is still processing");
+}
