@@ -236,19 +236,19 @@ fn greedy(model: &Model, cp: ContextParams, prompt: &[Token], n: usize) -> (Vec<
     ctx.set_moe_observer(Some(Box::new(move |m: &MoeIds<'_>| {
         s.lock().unwrap().entry(m.layer).or_default().extend_from_slice(m.ids);
     })));
-    ctx.decode_tokens(prompt, 0, true).unwrap();
-    let mut out = vec![ctx.greedy_token(-1).unwrap()];
-    while out.len() < n {
-        let pos = (prompt.len() + out.len() - 1) as i32;
-        ctx.decode_tokens(&[*out.last().unwrap()], pos, true).unwrap();
-        out.push(ctx.greedy_token(-1).unwrap());
-    }
+    let out = decode_greedy(&mut ctx, prompt, n);
     let seen = seen.lock().unwrap().clone();
     (out, seen)
 }
 
 fn plain_greedy(model: &Model, prompt: &[Token], n: usize) -> Vec<Token> {
     let mut ctx = Context::new(model, ctx_params()).expect("context");
+    decode_greedy(&mut ctx, prompt, n)
+}
+
+/// `n` greedy tokens after `prompt`: the prompt, then each token but the
+/// last decoded.
+fn decode_greedy(ctx: &mut Context<'_>, prompt: &[Token], n: usize) -> Vec<Token> {
     ctx.decode_tokens(prompt, 0, true).unwrap();
     let mut out = vec![ctx.greedy_token(-1).unwrap()];
     while out.len() < n {

@@ -33,17 +33,9 @@ targets=()
 [[ $CUDA == ON ]] && targets+=(ggml-cuda)
 cpu_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
 if (( NATIVE_CPU )); then
-    # GGML_NATIVE is not allowed with loadable backends: name this CPU's
-    # features instead (AMX left out: some hosts report it without enabling it).
     targets+=(ggml-cpu)
-    flags=$(grep -m1 '^flags' /proc/cpuinfo)
-    has() { [[ " $flags " == *" $1 "* ]]; }
-    cpu_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
-    has avx512f && cpu_flags+=(-DGGML_AVX512=ON)
-    has avx512vbmi && cpu_flags+=(-DGGML_AVX512_VBMI=ON)
-    has avx512_vnni && cpu_flags+=(-DGGML_AVX512_VNNI=ON)
-    has avx512_bf16 && cpu_flags+=(-DGGML_AVX512_BF16=ON)
-    has avx_vnni && cpu_flags+=(-DGGML_AVX_VNNI=ON)
+    # shellcheck source=cpu-flags.sh
+    source "$(dirname "$0")/cpu-flags.sh"
     echo "build-cuda: CPU backend flags: ${cpu_flags[*]}"
 fi
 cmake -S "$WORK/src" -B "$WORK/build" "${GEN[@]}" \

@@ -24,17 +24,9 @@ fi
 [[ -f $SRC/ggml/CMakeLists.txt ]] || { echo "gemv-bench: no ggml/ under $SRC" >&2; exit 1; }
 # ggml's standalone build wants its pkg-config template, which the sdist lacks
 [[ -f $SRC/ggml/ggml.pc.in ]] || touch "$SRC/ggml/ggml.pc.in"
-# This machine's features by name, as scripts/device/build-cuda.sh --native-cpu
-# picks them (GGML_NATIVE would also turn on AMX that some hosts report
-# without enabling it).
-flags=$(grep -m1 '^flags' /proc/cpuinfo)
-has() { [[ " $flags " == *" $1 "* ]]; }
-cpu_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
-has avx512f && cpu_flags+=(-DGGML_AVX512=ON)
-has avx512vbmi && cpu_flags+=(-DGGML_AVX512_VBMI=ON)
-has avx512_vnni && cpu_flags+=(-DGGML_AVX512_VNNI=ON)
-has avx512_bf16 && cpu_flags+=(-DGGML_AVX512_BF16=ON)
-has avx_vnni && cpu_flags+=(-DGGML_AVX_VNNI=ON)
+# This machine's CPU features by name, as build-cuda.sh --native-cpu picks them.
+# shellcheck source=cpu-flags.sh
+source "$(dirname "$0")/cpu-flags.sh"
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 cmake -S "$SRC/ggml" -B "$WORK/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \

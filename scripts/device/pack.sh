@@ -29,7 +29,7 @@ tar -C "$SRC" -czf "$DIST/llama.cpp-src.tar.gz" \
     --exclude=./pocs --exclude=./.devops --exclude=./media --exclude=./grammars \
     --exclude=./benches --exclude=./conversion --exclude=./.github --exclude=./tools/mtmd/test-3.mp4 \
     --exclude=./tools/mtmd/test-2.mp3 .
-cp scripts/device/build-cuda.sh scripts/device/cuda-stack.sh scripts/device/build-upstream-bench.sh \
+cp scripts/device/build-cuda.sh scripts/device/cpu-flags.sh scripts/device/cuda-stack.sh scripts/device/build-upstream-bench.sh \
     scripts/device/gemv-bench.sh scripts/device/gemv-bench.cpp "$DIST/"
 # Upstream's llama-bench, built there from the same release unpatched: the
 # pristine tree of the PyPI sdist that build.rs fetched.
