@@ -54,7 +54,7 @@ struct AddArgs {
     /// The exact command line of one repetition (required for llama-bench).
     #[arg(long)]
     command: Option<String>,
-    /// Path of the raw log under bench/results/.
+    /// The raw logs of the row, from the repository root (bench/results/raw/CALL or a file in it).
     #[arg(long)]
     raw: Option<String>,
     /// GPU, CPU, PCIe, driver (default: what the files say).
