@@ -234,7 +234,11 @@ fn greedy(model: &Model, cp: ContextParams, prompt: &[Token], n: usize) -> (Vec<
     let seen: Selected = Arc::default();
     let s = Arc::clone(&seen);
     ctx.set_moe_observer(Some(Box::new(move |m: &MoeIds<'_>| {
-        s.lock().unwrap().entry(m.layer).or_default().extend_from_slice(m.ids);
+        s.lock()
+            .unwrap()
+            .entry(m.batch.layer)
+            .or_default()
+            .extend_from_slice(m.ids);
     })));
     let out = decode_greedy(&mut ctx, prompt, n);
     let seen = seen.lock().unwrap().clone();

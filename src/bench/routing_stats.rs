@@ -149,11 +149,12 @@ impl Recorder {
             let Ok(mut layers) = layers.lock() else {
                 return;
             };
-            let t = layers.entry(m.layer).or_default();
-            t.n_expert = m.n_expert;
-            t.n_used = m.n_used;
-            for (i, _) in m.seq.iter().enumerate().filter(|&(_, &s)| s == 0) {
-                let k = m.n_used as usize;
+            let b = &m.batch;
+            let t = layers.entry(b.layer).or_default();
+            t.n_expert = b.n_expert;
+            t.n_used = b.n_used;
+            for (i, _) in b.seq.iter().enumerate().filter(|&(_, &s)| s == 0) {
+                let k = b.n_used as usize;
                 t.ids.extend_from_slice(&m.ids[i * k..(i + 1) * k]);
             }
         })
