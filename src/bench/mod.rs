@@ -226,7 +226,7 @@ pub fn run_policy(
     // The process overhead pipeshard's plan budgets outside llama.cpp's buffers.
     let mut launch_check = None;
     // pipeshard's running session, whose decode split is chosen after the warm-up.
-    let mut launched = None;
+    let mut running = None;
     let margin = 64u64 << 20;
     let (mp, setting): (ModelParams<'static>, String) = match policy {
         Policy::Pipeshard | Policy::PipeshardSync | Policy::PipeshardExact => {
@@ -276,7 +276,7 @@ pub fn run_policy(
                 p.hybrid_gpu_experts,
                 p.row_split_share * 100.0
             );
-            launched = Some(session);
+            running = Some(session);
             (mp, setting)
         }
         Policy::AttnGpu => (
@@ -381,13 +381,13 @@ pub fn run_policy(
     // pipeshard's decode split: the cost model's share or a neighbour,
     // whichever decodes fastest here, at the prompt's depth.
     let mut setting = setting;
-    if let Some(launch) = launched.as_mut() {
+    if let Some(session) = running.as_mut() {
         // The decode tier is in force while decoding, so the split is
         // tuned with its residency.
-        if let Some(e) = launch.enter_decode(&mut ctx)? {
+        if let Some(e) = session.enter_decode(&mut ctx)? {
             setting = format!("{setting}; {e}");
         }
-        if let Some(t) = crate::launch::tune_split(launch, &mut ctx, prompt.len() as u32 + 1)? {
+        if let Some(t) = crate::launch::tune_split(session, &mut ctx, prompt.len() as u32 + 1)? {
             setting = format!("{setting}; decode split tuned: {t}");
         }
     }
@@ -410,8 +410,8 @@ pub fn run_policy(
         // The prompt's residency and compute buffers, outside the timing,
         // as `run` restores them when a reply ends rather than when the
         // next prompt comes.
-        if let Some(launch) = launched.as_mut() {
-            launch.leave_decode(&mut ctx)?;
+        if let Some(session) = running.as_mut() {
+            session.leave_decode(&mut ctx)?;
         }
         ctx.reset_perf();
         let t0 = Instant::now();
@@ -422,8 +422,8 @@ pub fn run_policy(
         ctx.reset_perf();
         let t1 = Instant::now();
         // The decode tier's change of residency counts in the decode time.
-        if let Some(launch) = launched.as_mut() {
-            launch.enter_decode(&mut ctx)?;
+        if let Some(session) = running.as_mut() {
+            session.enter_decode(&mut ctx)?;
         }
         // The first step after the prompt builds its graph again (the
         // prompt's replaced it), and CUDA captures the graph again on a
@@ -469,17 +469,9 @@ pub fn run_policy(
         // repetition's last step is reused from their first step on. Here
         // the prompt's cells stay and the generated ones are removed. The
         // first token is the prompt's greedy one, as in the repetitions above.
-        ctx.clear();
-        if let Some(launch) = launched.as_mut() {
-            launch.leave_decode(&mut ctx)?;
-        }
-        ctx.decode_tokens(&prompt, 0, true)?;
-        let first = ctx.greedy_token(-1)?;
         // llama-bench does not time its depth's fill: the decode tier comes
         // with it.
-        if let Some(launch) = launched.as_mut() {
-            launch.enter_decode(&mut ctx)?;
-        }
+        let first = fill_depth(&mut ctx, &prompt, running.as_mut())?;
         // Each repetition's tokens continue the prompt's routing process.
         let depth_routing = router.as_ref().map(|r| r.snapshot());
         for sample in samples.iter_mut() {
@@ -491,12 +483,8 @@ pub fn run_policy(
             if let (Some(r), Some(s)) = (&router, &depth_routing) {
                 r.restore(s);
             }
-            let mut tok = first;
             let t = Instant::now();
-            for i in 0..cfg.gen_tokens {
-                ctx.decode_tokens(&[tok], (cfg.prompt_tokens + i) as i32, true)?;
-                tok = ctx.greedy_token(-1)?;
-            }
+            decode_greedy(&mut ctx, first, cfg.prompt_tokens, cfg.gen_tokens)?;
             let tg = cfg.gen_tokens as f64 / t.elapsed().as_secs_f64();
             tracing::info!(
                 "tg{} @ d{} (as llama-bench measures it): {tg:.1} tok/s",
@@ -507,7 +495,7 @@ pub fn run_policy(
         }
     }
     let routing_stats = match cfg.routing {
-        Some(_) if info.is_moe() => measure_routing(&mut ctx, &prompt, cfg, launched.as_mut())?,
+        Some(_) if info.is_moe() => measure_routing(&mut ctx, &prompt, cfg, running.as_mut())?,
         _ => None,
     };
     step("end");
@@ -540,23 +528,42 @@ fn measure_routing(
     ctx: &mut Context<'_>,
     prompt: &[Token],
     cfg: &BenchConfig,
-    mut session: Option<&mut crate::launch::Session>,
+    session: Option<&mut crate::launch::Session>,
 ) -> Result<Option<routing_stats::RoutingStats>, BenchError> {
-    ctx.clear();
-    if let Some(s) = &mut session {
-        s.leave_decode(ctx)?;
-    }
     let recorder = routing_stats::Recorder::default();
     ctx.set_moe_observer(Some(recorder.observer()));
-    ctx.decode_tokens(prompt, 0, true)?;
-    let mut tok = ctx.greedy_token(-1)?;
-    if let Some(s) = &mut session {
-        s.enter_decode(ctx)?;
-    }
-    for i in 0..cfg.gen_tokens {
-        ctx.decode_tokens(&[tok], (cfg.prompt_tokens + i) as i32, true)?;
-        tok = ctx.greedy_token(-1)?;
-    }
+    let first = fill_depth(ctx, prompt, session)?;
+    decode_greedy(ctx, first, cfg.prompt_tokens, cfg.gen_tokens)?;
     ctx.set_moe_observer(None);
     Ok(recorder.stats())
+}
+
+/// A new request's `prompt` in `ctx`, with the prompt's residency before
+/// it and the decode tier's after it: the depth generated tokens continue
+/// from. Returns the prompt's greedy token.
+fn fill_depth(
+    ctx: &mut Context<'_>,
+    prompt: &[Token],
+    mut session: Option<&mut crate::launch::Session>,
+) -> Result<Token, BenchError> {
+    ctx.clear();
+    if let Some(s) = session.as_deref_mut() {
+        s.leave_decode(ctx)?;
+    }
+    ctx.decode_tokens(prompt, 0, true)?;
+    let first = ctx.greedy_token(-1)?;
+    if let Some(s) = session {
+        s.enter_decode(ctx)?;
+    }
+    Ok(first)
+}
+
+/// `n` greedy tokens decoded one by one after `first`, at `depth` on.
+fn decode_greedy(ctx: &mut Context<'_>, first: Token, depth: u32, n: u32) -> Result<(), BenchError> {
+    let mut tok = first;
+    for i in 0..n {
+        ctx.decode_tokens(&[tok], (depth + i) as i32, true)?;
+        tok = ctx.greedy_token(-1)?;
+    }
+    Ok(())
 }

@@ -264,7 +264,8 @@ impl Process {
                 }
             };
         }
-        self.prev = out.to_vec();
+        self.prev.clear();
+        self.prev.extend_from_slice(out);
     }
 
     /// An expert drawn by popularity, other than those in `taken`.
