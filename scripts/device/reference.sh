@@ -13,7 +13,8 @@
 # upstream's llama-bench from the pristine release (build-upstream-bench.sh),
 # and the models are written by `pipeshard synth`, all side by side.
 #
-# CASE is NAME or NAME:QUANT, QUANT a `synth --quant` scheme (default: the case's own):
+# CASE is NAME, NAME:QUANT or NAME:QUANT:MIB, QUANT a `synth --quant` scheme and MIB
+# the budget (defaults: the case's own):
 #   R1   Llama-3.1-8B shape, Q4_0, 2 GiB       upstream: fit, FFN on the CPU (-ot), full GPU
 #   R2   Qwen3-30B-A3B shape, Q4_0, 4 GiB      upstream: fit, -ncmoe N swept, all experts on the CPU, full GPU
 #   R3   gpt-oss-20b shape, MXFP4, 4 GiB       as R2
@@ -166,10 +167,9 @@ upstream_run() { # NAME ARGS...
     record "$name" env LD_LIBRARY_PATH="$DIST/upstream/bin" "$UP" "$@" -r 1 -o json
 }
 
-run_case() { # CASE QUANT PROFILE
-    local c=$1 q=$2 prof=$3 m b free r mode
+run_case() { # CASE QUANT BUDGET_MIB PROFILE
+    local c=$1 q=$2 b=$3 prof=$4 m free r mode
     m=$(model_path "$c" "$q")
-    b=$(case_budget_mib "$c")
     free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
     local tg=(-ngl 99 -fa 1 -t "$THREADS" -p 0 -n "$GEN" -d "$PROMPT" -m "$m")
     local fit=(-fitt $((free - b)) -fitc "$CTX")
@@ -274,18 +274,19 @@ quants=()
 for spec in "$@"; do
     c=${spec%%:*}
     case_arch "$c" > /dev/null || { echo "reference: unknown case $c (R1-R5)" >&2; exit 2; }
-    q=$(case_quant "$c"); [[ $spec == *:* ]] && q=${spec#*:}
-    quants+=("$c:$q")
+    IFS=: read -r _ q b <<< "$spec"
+    quants+=("$c:${q:-$(case_quant "$c")}:${b:-$(case_budget_mib "$c")}")
 done
 # The models are written while the modules build.
-( for s in "${quants[@]}"; do write_model "${s%%:*}" "${s#*:}"; done ) &
+( for s in "${quants[@]}"; do IFS=: read -r c q _ <<< "$s"; write_model "$c" "$q"; done ) &
 writer=$!
 modules
 wait $writer || { log "writing the models failed"; exit 1; }
 log "models written"
 prof=$(profile)
 for s in "${quants[@]}"; do
-    run_case "${s%%:*}" "${s#*:}" "$prof"
+    IFS=: read -r c q b <<< "$s"
+    run_case "$c" "$q" "$b" "$prof"
     save
 done
 log "done"
