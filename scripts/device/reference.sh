@@ -133,15 +133,17 @@ write_model() { # CASE QUANT
     [[ -f $m ]] || "$PS" synth --arch "$(case_arch "$1")" --quant "$2" -o "$m" > "$RAW/synth-$1-$2.log" 2>&1
 }
 
-profile() {
-    local gpu f
+# This GPU's committed profile, copied into a profile directory of the run's
+# own: pipeshard measures the samples a model's types lack there on its
+# first use (as on a user's machine), or a whole profile when none is
+# committed.
+profile_dir() {
+    local gpu f d=$WORK/profiles
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     f=$(ls profiles/*"$(echo "$gpu" | tr 'A-Z ' 'a-z-' | sed 's/^nvidia-//')"*t${THREADS}.yaml 2>/dev/null | head -1 || true)
-    if [[ -z $f ]]; then
-        f=$WORK/profile.yaml
-        [[ -f $f ]] || "$PS" profile --mode fast -t "$THREADS" -o "$f" > "$RAW/profile.log" 2>&1
-    fi
-    echo "$f"
+    mkdir -p "$d"
+    [[ -z $f || -f $d/$(basename "$f") ]] || cp "$f" "$d/"
+    echo "$d"
 }
 
 # Run "$@" (a logged command) into NAME.json / NAME.log under RAW.
@@ -167,8 +169,8 @@ upstream_run() { # NAME ARGS...
     record "$name" env LD_LIBRARY_PATH="$DIST/upstream/bin" "$UP" "$@" -r 1 -o json
 }
 
-run_case() { # CASE QUANT BUDGET_MIB PROFILE
-    local c=$1 q=$2 b=$3 prof=$4 m free r mode
+run_case() { # CASE QUANT BUDGET_MIB
+    local c=$1 q=$2 b=$3 m free r mode
     m=$(model_path "$c" "$q")
     free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
     local tg=(-ngl 99 -fa 1 -t "$THREADS" -p 0 -n "$GEN" -d "$PROMPT" -m "$m")
@@ -189,7 +191,7 @@ run_case() { # CASE QUANT BUDGET_MIB PROFILE
         log "$c $q $mode: warm-up peak ${peak[$mode]} bytes"
     done
     local psargs=(bench -m "$m" --vram-budget "${b}MiB" --policies pipeshard -p "$PROMPT" -n "$GEN" -r 1
-        -t "$THREADS" --tg --profile "$prof")
+        -t "$THREADS" --tg)
     local points=(-)
     case_moe "$c" && read -ra points <<< "${ROUTING:-calibrated uniform synthetic}"
     # Upstream's full-GPU TTFT at its best ubatch, chosen in an untimed sweep.
@@ -283,10 +285,11 @@ writer=$!
 modules
 wait $writer || { log "writing the models failed"; exit 1; }
 log "models written"
-prof=$(profile)
+PIPESHARD_PROFILE_DIR=$(profile_dir)
+export PIPESHARD_PROFILE_DIR
 for s in "${quants[@]}"; do
     IFS=: read -r c q b <<< "$s"
-    run_case "$c" "$q" "$b" "$prof"
+    run_case "$c" "$q" "$b"
     save
 done
 log "done"
