@@ -1,8 +1,10 @@
 //! The models people run in 2026, on the CPU: gpt-oss (sinks, biases, a
 //! sliding window in every other layer), Qwen3.6 (`qwen35moe`: recurrent
 //! Gated-DeltaNet layers, a gated shared expert), Gemma 3 (five window
-//! layers to one global), GLM-4.5-Air (dense lead layer, selection bias,
-//! shared expert) and DeepSeek-V2-Lite (MLA, shared experts). For every
+//! layers to one global), Gemma 4's MoE (window layers, global layers of
+//! other head sizes, a dense FFN beside the routed experts), GLM-4.5-Air
+//! (dense lead layer, selection bias, shared expert) and DeepSeek-V2-Lite
+//! (MLA, shared experts). For every
 //! tiny preset: each tensor's role and the cache each layer keeps, the
 //! plan's decision for each role under a budget with the GPU profile
 //! fixture, each role on one of two CPU buffer types with the greedy tokens
@@ -23,11 +25,12 @@ use pipeshard::plan::{self, PlanRequest};
 use pipeshard::profile::MachineProfile;
 use pipeshard::synth::{self, Family, Quant};
 
-const TINY: [&str; 6] = [
+const TINY: [&str; 7] = [
     "tiny-gpt-oss-20b",
     "tiny-gpt-oss-120b",
     "tiny-qwen3.6-35b-a3b",
     "tiny-gemma-3-27b",
+    "tiny-gemma-4-26b-a4b",
     "tiny-glm-4.5-air",
     "tiny-deepseek-v2-lite",
 ];
@@ -77,6 +80,7 @@ fn is_matmul_role(r: TensorRole) -> bool {
             | MoeGateExps
             | MoeUpExps
             | MoeDownExps
+            | MoeGateUpExps
             | SharedExpertGate
             | SharedExpertUp
             | SharedExpertDown
@@ -138,6 +142,43 @@ fn every_tensor_has_a_role_and_each_layer_keeps_the_cache_of_its_kind() {
                 let expected: Vec<bool> = (0..m.n_layer).map(|l| l % 6 != 5).collect();
                 assert_eq!(swa, expected, "{preset}");
                 assert_eq!(roles_of(&m, TensorRole::FfnPostNorm).len(), m.n_layer as usize);
+            }
+            Family::Gemma4(g) => {
+                let expected: Vec<bool> = (0..m.n_layer).map(|l| g.is_swa(l)).collect();
+                assert_eq!(swa, expected, "{preset}");
+                for l in 0..m.n_layer {
+                    // wider heads, fewer KV heads in the global layers,
+                    // whose V is their K (no V projection)
+                    let (hd, kv) = match g.is_swa(l) {
+                        true => (p.head_dim, p.n_head_kv),
+                        false => (g.head_dim_global, g.n_head_kv_global),
+                    };
+                    assert_eq!(per_tok(l), 2 * 2 * hd * kv, "{preset} layer {l}");
+                    let has_v = m.layer_tensors(l).any(|t| t.role == TensorRole::AttnV);
+                    assert_eq!(has_v, g.is_swa(l), "{preset} layer {l}");
+                }
+                // every layer: a dense FFN beside the routed experts, whose
+                // gate and up are one stack, each with its norms
+                let every_layer = [
+                    TensorRole::FfnUp,
+                    TensorRole::MoeGateUpExps,
+                    TensorRole::MoePreNorm,
+                    TensorRole::FfnDensePostNorm,
+                    TensorRole::MoePostNorm,
+                    TensorRole::LayerOutScale,
+                ];
+                for role in every_layer {
+                    assert_eq!(roles_of(&m, role).len(), m.n_layer as usize, "{preset}: {role:?}");
+                }
+                assert!(roles_of(&m, TensorRole::MoeGateUpExps)
+                    .iter()
+                    .all(|t| t.holds_routed_experts()));
+                // the router's input scale and the per-expert output scale
+                let scales = roles_of(&m, TensorRole::WeightScale);
+                assert_eq!(scales.len(), 2 * m.n_layer as usize, "{preset}");
+                assert!(scales.iter().all(|t| t.dims.len() == 1 && !t.holds_routed_experts()));
+                assert_eq!(roles_of(&m, TensorRole::RopeFreqs).len(), 1, "{preset}");
+                assert_eq!(m.n_expert_shared, 0, "{preset}");
             }
             Family::Qwen35Moe(g) => {
                 let expected: Vec<bool> = (0..m.n_layer).map(|l| g.is_recurrent(l)).collect();
@@ -212,6 +253,7 @@ fn plans_place_each_role_under_a_budget() {
         ("gpt-oss-120b", 24),
         ("qwen3.6-35b-a3b", 8),
         ("gemma-3-27b", 8),
+        ("gemma-4-26b-a4b", 8),
         ("glm-4.5-air", 24),
         ("deepseek-v2-lite", 4),
     ] {
