@@ -86,6 +86,7 @@ fn is_matmul_role(r: TensorRole) -> bool {
             | SharedExpertDown
             | SsmBeta
             | SsmAlpha
+            | SsmBetaAlpha
             | SsmOut
     )
 }
@@ -286,6 +287,45 @@ fn a_recurrent_layer_never_copies_its_state_per_token() {
         let (s, copy) = cm.attention(recurrent, 512, depth, false);
         assert_eq!(copy, 0.0, "depth {depth}");
         assert_eq!(s, cm.attention(recurrent, 512, 0, false).0, "depth {depth}");
+    }
+}
+
+/// Qwen3-Next (`qwen3next`) writes a Gated-DeltaNet layer's beta and alpha
+/// projections as one tensor, `ssm_ba` (LLM_TENSOR_SSM_BETA_ALPHA): a
+/// recurrent layer's matmul weight, planned as `ssm_beta` and `ssm_alpha`
+/// are, not left to the fallback for tensors of no known role.
+#[test]
+fn qwen3next_fused_beta_alpha_is_planned_as_a_recurrent_weight() {
+    let mut m = info("tiny-qwen3.6-35b-a3b");
+    m.architecture = "qwen3next".into();
+    let tensors = std::mem::take(&mut m.tensors);
+    for t in tensors {
+        match t.role {
+            TensorRole::SsmAlpha => {}
+            TensorRole::SsmBeta => {
+                let name = t.name.replace("ssm_beta", "ssm_ba");
+                m.tensors.push(ModelTensor {
+                    role: TensorRole::from_name(&name),
+                    name,
+                    dims: vec![t.dims[0], 2 * t.dims[1]],
+                    nbytes: 2 * t.nbytes,
+                    ..t
+                });
+            }
+            _ => m.tensors.push(t),
+        }
+    }
+    let unknown: Vec<&str> = m.unknown_tensors().map(|t| t.name.as_str()).collect();
+    assert!(unknown.is_empty(), "no role for {unknown:?}");
+    let fused = roles_of(&m, TensorRole::SsmBetaAlpha);
+    let recurrent = (0..m.n_layer).filter(|&l| m.is_recurrent(l)).count();
+    assert_eq!(fused.len(), recurrent);
+    assert!(fused
+        .iter()
+        .all(|t| t.role.is_recurrent() && m.is_recurrent(t.layer.unwrap())));
+    for budget in [GIB, 300 * MIB + m.total_bytes() / 3] {
+        let p = plan_at(&m, budget);
+        check_plan_roles("qwen3next", &m, &p);
     }
 }
 

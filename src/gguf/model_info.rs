@@ -155,6 +155,9 @@ pub enum TensorRole {
     SsmBeta,
     /// `ssm_alpha`: Gated-DeltaNet decay projection.
     SsmAlpha,
+    /// `ssm_ba`: the write-strength and decay projections in one tensor
+    /// (Qwen3-Next).
+    SsmBetaAlpha,
     /// `ssm_norm`: gated output norm.
     SsmNorm,
     /// `ssm_out`: a recurrent layer's output projection.
@@ -224,6 +227,7 @@ impl TensorRole {
             "ssm_a" => TensorRole::SsmA,
             "ssm_beta" => TensorRole::SsmBeta,
             "ssm_alpha" => TensorRole::SsmAlpha,
+            "ssm_ba" => TensorRole::SsmBetaAlpha,
             "ssm_norm" => TensorRole::SsmNorm,
             "ssm_out" => TensorRole::SsmOut,
             _ => TensorRole::Other,
@@ -248,6 +252,7 @@ impl TensorRole {
                 | TensorRole::SsmA
                 | TensorRole::SsmBeta
                 | TensorRole::SsmAlpha
+                | TensorRole::SsmBetaAlpha
                 | TensorRole::SsmNorm
                 | TensorRole::SsmOut
         )
@@ -813,6 +818,7 @@ mod tests {
             ("blk.1.ssm_a", SsmA, Some(1)),
             ("blk.1.ssm_beta.weight", SsmBeta, Some(1)),
             ("blk.1.ssm_alpha.weight", SsmAlpha, Some(1)),
+            ("blk.1.ssm_ba.weight", SsmBetaAlpha, Some(1)),
             ("blk.1.ssm_norm.weight", SsmNorm, Some(1)),
             ("blk.1.ssm_out.weight", SsmOut, Some(1)),
             ("blk.1.ffn_gate_up_exps.weight", MoeGateUpExps, Some(1)),
