@@ -290,6 +290,40 @@ fn a_recurrent_layer_never_copies_its_state_per_token() {
     }
 }
 
+/// gpt-oss's biases stay with their layer (on the GPU where the layer's KV
+/// is), and llama.cpp's scheduler runs a bias add where the bias is: a
+/// routed-expert matmul computed on the CPU crosses to the GPU for its bias
+/// and back, and the decode step pays those switches.
+#[test]
+fn a_host_computed_weight_crosses_to_its_bias_and_back() {
+    let m = info("tiny-gpt-oss-20b");
+    let mut unbiased = m.clone();
+    unbiased.tensors.retain(|t| !(t.role.is_routed_expert() && t.is_bias()));
+    let profile = profile();
+    let overheads = plan::Overheads::default();
+    let decode_step = |m: &ModelInfo| {
+        let cm = plan::CostModel::new(m, &profile, plan::Streaming::Pipelined, true, overheads, Some(0));
+        let workload = PlanRequest::new(GIB, 4096).workload;
+        let ev = plan::Evaluator::new(m, &cm, workload, 512, m.n_layer);
+        // every weight resident but the routed experts, computed on the CPU
+        let resident: Vec<bool> = ev
+            .tensors
+            .iter()
+            .map(|&i| !m.tensors[i].holds_routed_experts())
+            .collect();
+        let on_cpu = (0..ev.tensors.len())
+            .filter(|&k| !resident[k] && ev.tier_exec(k, 1, &resident, 0.0) == plan::Exec::Cpu)
+            .count();
+        assert_eq!(on_cpu, 3 * m.n_layer as usize);
+        1.0 / ev.evaluate(&resident).decode_tok_s
+    };
+    // each layer: into the CPU for gate, down and up and back, and now out
+    // to each one's bias: 4 switches more
+    let extra = decode_step(&m) - decode_step(&unbiased);
+    let want = 4.0 * f64::from(m.n_layer) * overheads.device_switch_s;
+    assert!((extra - want).abs() < 1e-9, "{extra} s, not {want} s");
+}
+
 /// Qwen3-Next (`qwen3next`) writes a Gated-DeltaNet layer's beta and alpha
 /// projections as one tensor, `ssm_ba` (LLM_TENSOR_SSM_BETA_ALPHA): a
 /// recurrent layer's matmul weight, planned as `ssm_beta` and `ssm_alpha`
