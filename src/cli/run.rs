@@ -249,7 +249,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
     // decisions replace the session's, which the context's callbacks ask.
     let follows = match &mut session {
         Some(s) if args.draft.draft_model.is_none() && args.image.is_none() => {
-            s.follow_card(args.budget.vram_headroom, Box::new(|| {})).is_some()
+            s.follow_card(args.budget.headroom(), Box::new(|| {})).is_some()
         }
         _ => false,
     };
