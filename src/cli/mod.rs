@@ -5,6 +5,7 @@ mod fuzz;
 mod fuzz_http;
 mod lossless;
 mod plan;
+mod plan_devices;
 mod results;
 mod run;
 mod serve;
