@@ -7,6 +7,7 @@ mod lossless;
 mod plan;
 mod plan_devices;
 mod results;
+mod rpc;
 mod run;
 mod serve;
 mod synth;

@@ -153,6 +153,8 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub budget: PipeshardOptions,
     #[command(flatten)]
+    pub rpc: super::rpc::RpcArgs,
+    #[command(flatten)]
     pub draft: DraftArgs,
     /// Context size in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 8192)]
@@ -229,6 +231,7 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
         (None, None) => anyhow::bail!("pass -m MODEL or --arch PRESET"),
     };
     engine::init(global.backend_dir.as_deref())?;
+    args.rpc.connect()?;
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     // The context the plan is for, as `run` would make it.
     let cp = engine::ContextParams {
@@ -276,6 +279,11 @@ pub struct ProfileArgs {
     /// first use otherwise).
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
+    /// Measure a remote device: with no local GPU visible (e.g.
+    /// CUDA_VISIBLE_DEVICES=""), the first GPU is the server's, and the
+    /// link measured is the network path to it.
+    #[command(flatten)]
+    pub rpc: super::rpc::RpcArgs,
 }
 
 pub fn profile_cmd(global: &GlobalArgs, args: ProfileArgs) -> Result<()> {
@@ -288,6 +296,7 @@ pub fn profile_cmd(global: &GlobalArgs, args: ProfileArgs) -> Result<()> {
         None => None,
     };
     engine::init(global.backend_dir.as_deref())?;
+    args.rpc.connect()?;
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     let mut p = measure_with_bar(args.mode, threads)?;
     if let Some(info) = &info {

@@ -114,11 +114,8 @@ pub struct RunArgs {
     /// KV cache type for V (llama.cpp's -ctv).
     #[arg(long = "cache-type-v", visible_alias = "ctv")]
     pub cache_type_v: Option<String>,
-    /// Remote devices: comma-separated `host:port` of upstream's
-    /// `ggml-rpc-server` (llama.cpp's --rpc); they join the devices as
-    /// RPC0, RPC1, ..., the names --vram-budget takes.
-    #[arg(long = "rpc", env = "LLAMA_ARG_RPC", value_delimiter = ',')]
-    pub rpc: Vec<String>,
+    #[command(flatten)]
+    pub rpc: super::rpc::RpcArgs,
     #[command(flatten)]
     pub budget: PipeshardOptions,
     #[command(flatten)]
@@ -154,9 +151,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         None => default_model::ensure().context("fetching the default model")?,
     };
     engine::init(global.backend_dir.as_deref()).context("initialising llama.cpp")?;
-    if !args.rpc.is_empty() {
-        engine::add_rpc_servers(&args.rpc)?;
-    }
+    args.rpc.connect()?;
 
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     // The process's device memory, sampled until the end.
