@@ -225,6 +225,10 @@ fn a_plan_across_two_devices_splits_the_layers_in_order_within_each_budget() {
     for (device, _, _, total, budget) in &p {
         assert!(total <= budget, "{device}: {total} over {budget}");
     }
+    // Only the first layers may be CPU layers in llama.cpp's layer split:
+    // the second device keeps all of its layers' KV.
+    let second = &plan["parts"][1]["plan"];
+    assert_eq!(second["kv_gpu_layers"], second["n_layer"]);
     assert_eq!(p[0].4, 2 << 30);
     assert_eq!(p[1].4, 3 << 30);
     // The budgets move the split: the larger budget holds more layers.
@@ -261,6 +265,7 @@ fn a_plan_across_devices_shows_the_split_and_refuses_unknown_devices() {
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(table.contains("across 2 devices"), "{table}");
+    assert!(table.contains("-sm layer -dev CUDA0,CUDA1 -ngl "), "{table}");
     assert!(
         table.contains("CUDA0 (layers 0-") && table.contains("CUDA1 (layers "),
         "{table}"

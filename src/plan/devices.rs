@@ -70,6 +70,48 @@ impl DevicesPlan {
     }
 }
 
+/// llama.cpp's parameters that place a [`DevicesPlan`]'s layers: its
+/// `n_gpu_layers` (`-ngl`) and `tensor_split` (`-ts`), one figure per
+/// device in the plan's order, with `split_mode` layer (`-sm layer`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerSplit {
+    pub n_gpu_layers: u32,
+    pub tensor_split: Vec<f32>,
+}
+
+impl DevicesPlan {
+    /// The layer split in llama.cpp's terms. Its layers from `n_layer + 1 -
+    /// n_gpu_layers` on (the output head counts as layer `n_layer`) go to
+    /// the devices by the cumulative shares of `tensor_split`; whole layer
+    /// counts as the shares make each boundary exact, since llama.cpp
+    /// compares the same float quotients.
+    pub fn layer_split(&self) -> LayerSplit {
+        let Some(first) = self.parts.first() else {
+            return LayerSplit {
+                n_gpu_layers: 0,
+                tensor_split: Vec::new(),
+            };
+        };
+        // The first device's first layers whose KV is in host memory are
+        // CPU layers.
+        let cpu_layers = first.plan.n_layer - first.plan.kv_gpu_layers.min(first.plan.n_layer);
+        let last = self.parts.len() - 1;
+        let tensor_split = self
+            .parts
+            .iter()
+            .enumerate()
+            .map(|(d, p)| {
+                let own = p.plan.n_layer - if d == 0 { cpu_layers } else { 0 };
+                (own + u32::from(d == last)) as f32
+            })
+            .collect();
+        LayerSplit {
+            n_gpu_layers: self.n_layer + 1 - cpu_layers,
+            tensor_split,
+        }
+    }
+}
+
 /// Plan `model` across `devices` (in pipeline order) for `req`; `req.budget`
 /// is ignored (each device has its own). Searches the layer split from the
 /// one proportional to the budgets, and the ubatch that all devices share.
@@ -230,8 +272,13 @@ fn plan_part(
     end: u32,
 ) -> Result<DevicePart, String> {
     let sub = layer_slice(model, first, end, d == 0, d + 1 == n);
+    // llama.cpp makes only the model's first layers CPU layers (its
+    // n_gpu_layers counts from the last): the first device's plan may keep
+    // its first layers' KV in host memory, every later device keeps all of
+    // its layers' KV.
     let req = PlanRequest {
         budget: dev.budget,
+        kv_gpu_layers: if d == 0 { req.kv_gpu_layers } else { Some(end - first) },
         ..req.clone()
     };
     let mut plan =
@@ -307,6 +354,60 @@ mod tests {
         let t = last.tensors.iter().find(|t| t.layer == Some(0)).unwrap();
         assert!(t.name.starts_with("blk.10."), "{}", t.name);
         assert_eq!(first.tensors.len() + last.tensors.len(), m.tensors.len());
+    }
+
+    /// The device llama.cpp's `load_tensors` gives layer `il` (the output
+    /// head is `n_layer`) under `split`, or None for the CPU: its formula,
+    /// in its f32 arithmetic.
+    fn llama_device(split: &LayerSplit, n_layer: u32, il: u32) -> Option<usize> {
+        let i_gpu_start = (n_layer + 1).saturating_sub(split.n_gpu_layers);
+        let act = split.n_gpu_layers.min(n_layer + 1);
+        if il < i_gpu_start || il - i_gpu_start >= act {
+            return None;
+        }
+        let mut sum = 0.0f32;
+        let mut cum: Vec<f32> = split
+            .tensor_split
+            .iter()
+            .map(|s| {
+                sum += s;
+                sum
+            })
+            .collect();
+        for c in &mut cum {
+            *c /= sum;
+        }
+        let x = (il - i_gpu_start) as f32 / act as f32;
+        Some(cum.iter().position(|&c| c > x).unwrap_or(cum.len()))
+    }
+
+    #[test]
+    fn llamas_layer_split_puts_every_layer_where_the_plan_does() {
+        let m = model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+        let p = crate::profile::MachineProfile::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpu-machine-profile.yaml"),
+        )
+        .unwrap();
+        let share = |device: &str, budget| DeviceShare {
+            device: device.into(),
+            budget,
+            profile: &p,
+        };
+        for budgets in [[1u64 << 30, 1 << 30, 1 << 30], [2 << 30, 1 << 30, 3 << 30]] {
+            let devices = [share("A", budgets[0]), share("B", budgets[1]), share("C", budgets[2])];
+            let mut req = PlanRequest::new(0, 4096);
+            req.ubatch = Some(512);
+            let plan = make_devices_plan(&m, &devices, &req).unwrap();
+            let split = plan.layer_split();
+            let cpu_layers = plan.parts[0].plan.n_layer - plan.parts[0].plan.kv_gpu_layers;
+            for (d, part) in plan.parts.iter().enumerate() {
+                for il in part.first_layer..part.end_layer() {
+                    let want = (il >= cpu_layers).then_some(d);
+                    assert_eq!(llama_device(&split, m.n_layer, il), want, "layer {il} of {split:?}");
+                }
+            }
+            assert_eq!(llama_device(&split, m.n_layer, m.n_layer), Some(plan.parts.len() - 1));
+        }
     }
 
     #[test]

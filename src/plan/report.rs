@@ -254,6 +254,23 @@ fn devices_table(plan: &super::devices::DevicesPlan) -> String {
         plan.parts.len(),
         plan.ubatch
     );
+    let split = plan.layer_split();
+    let _ = writeln!(
+        s,
+        "layers as llama.cpp's layer split places them: -sm layer -dev {} -ngl {} -ts {}",
+        plan.parts
+            .iter()
+            .map(|p| p.device.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
+        split.n_gpu_layers,
+        split
+            .tensor_split
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
     for part in &plan.parts {
         let (p, v) = (&part.plan, &part.plan.vram);
         let _ = writeln!(
