@@ -36,6 +36,19 @@ fn a_device_that_does_not_exist_fails_with_exit_code_1() {
     assert_clean_failure(&run, "no device CUDA7");
     let run = pipeshard(&["run", "-m", &m, "-n", "1", "-t", "2", "--vram-budget", "CPU=1GiB"]);
     assert_clean_failure(&run, "the CPU takes no VRAM budget");
+    // The server resolves them when the model loads, and exits.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+        .to_string();
+    let server = Command::new(env!("CARGO_BIN_EXE_pipeshard-server"))
+        .args(["-m", &m, "--port", &port, "--vram-budget", "CUDA7=1GiB"])
+        .output()
+        .expect("spawning pipeshard-server");
+    assert_eq!(server.status.code(), Some(1));
+    let log = String::from_utf8_lossy(&server.stderr);
+    assert!(log.contains("no device CUDA7") && !log.contains("panicked"), "{log}");
 }
 
 #[test]
