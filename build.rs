@@ -490,7 +490,8 @@ fn build_llama(root: &Path, out_dir: &Path, src: &Path, stamp: &str, cuda: bool)
 fn build_rpc(install: &Path, src: &Path, stamp: &str, cuda: bool) -> Result<()> {
     let done = install.join(".pipeshard-rpc-built");
     let lib = install.join("lib");
-    if fs::read_to_string(&done).ok().as_deref() == Some(stamp) && lib.join(RPC_SERVER).is_file() {
+    let stamp = format!("{stamp} {RPC_CONFIG}");
+    if fs::read_to_string(&done).ok() == Some(stamp.clone()) && lib.join(RPC_SERVER).is_file() {
         return Ok(());
     }
     let build = install.join("rpc-build");
@@ -506,6 +507,9 @@ fn build_rpc(install: &Path, src: &Path, stamp: &str, cuda: bool) -> Result<()> 
         ("GGML_CUDA", "OFF"),
         ("LLAMA_BUILD_SERVER", "OFF"),
         ("LLAMA_BUILD_UI", "OFF"),
+        // Installed beside the main tree's libraries (a packaged lib/ too),
+        // the server finds them there when its build tree is gone.
+        ("CMAKE_BUILD_RPATH", "$ORIGIN"),
     ];
     for (k, v) in cmake_defines(cuda) {
         if !own.iter().any(|(o, _)| *o == k) {
@@ -528,11 +532,14 @@ fn build_rpc(install: &Path, src: &Path, stamp: &str, cuda: bool) -> Result<()> 
         let _ = fs::remove_file(&to);
         fs::copy(&from, &to).map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))?;
     }
-    fs::write(&done, stamp).map_err(|e| format!("{}: {e}", done.display()))
+    fs::write(&done, &stamp).map_err(|e| format!("{}: {e}", done.display()))
 }
 
 /// Upstream's RPC server executable (tools/rpc).
 const RPC_SERVER: &str = "ggml-rpc-server";
+/// Changes when the RPC tree's own configuration does, so that a tree
+/// built before rebuilds.
+const RPC_CONFIG: &str = "rpath-origin";
 
 /// The UI assets built once (by upstream's npm build) are kept in
 /// `vendor/ui-dist`, stamped with the source they came from; a later build
