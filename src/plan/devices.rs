@@ -261,7 +261,20 @@ fn plan_split(
     })
 }
 
-/// Device `d`'s (of `n`) plan for the layers `first..end`.
+/// The streaming slots a device's plan may use, up to `most` (the
+/// request's): each device holds its own slots, which at a few GiB per
+/// device can cost more resident weights than their overlap saves; the
+/// devices' times add up, so each device takes its own best.
+fn slot_candidates(most: u32) -> impl Iterator<Item = u32> {
+    [most, 2, 1]
+        .into_iter()
+        .enumerate()
+        .filter(move |&(i, s)| i == 0 || (s < most && s > 0))
+        .map(|(_, s)| s)
+}
+
+/// Device `d`'s (of `n`) plan for the layers `first..end`, with the
+/// streaming slots that serve it best.
 fn plan_part(
     model: &ModelInfo,
     n: usize,
@@ -281,8 +294,21 @@ fn plan_part(
         kv_gpu_layers: if d == 0 { req.kv_gpu_layers } else { Some(end - first) },
         ..req.clone()
     };
-    let mut plan =
-        make_plan(&sub, dev.profile, &req).map_err(|e| format!("{} (layers {first}-{}): {e}", dev.device, end - 1))?;
+    let mut plan = slot_candidates(req.stream_slots)
+        .filter_map(|stream_slots| {
+            make_plan(
+                &sub,
+                dev.profile,
+                &PlanRequest {
+                    stream_slots,
+                    ..req.clone()
+                },
+            )
+            .ok()
+        })
+        .min_by(|a, b| a.predicted_seconds().total_cmp(&b.predicted_seconds()))
+        .map_or_else(|| make_plan(&sub, dev.profile, &req), Ok)
+        .map_err(|e| format!("{} (layers {first}-{}): {e}", dev.device, end - 1))?;
     for t in &mut plan.tensors {
         t.layer = t.layer.map(|l| l + first);
     }
