@@ -76,6 +76,7 @@ fn run() -> Result<()> {
     let cuda = env::var_os("CARGO_FEATURE_CUDA").is_some();
     ui_assets_from_cache(&vendor, &src)?;
     let install = build_llama(&root, &out_dir, &src, &stamp, cuda)?;
+    build_rpc(&install, &src, &stamp, cuda)?;
     ui_assets_to_cache(&vendor, &src, &install)?;
     let lib_dir = install.join("lib");
 
@@ -476,6 +477,69 @@ fn build_llama(root: &Path, out_dir: &Path, src: &Path, stamp: &str, cuda: bool)
     fs::write(&done, stamp).map_err(|e| format!("{}: {e}", done.display()))?;
     Ok(dest)
 }
+
+/// The RPC pieces: ggml's RPC backend module (`libggml-rpc.so`, which the
+/// backend loader picks up beside the others, so `--rpc` works) and
+/// upstream's `ggml-rpc-server`, installed into `install/lib`.
+///
+/// They are built in a build tree of their own, `install/rpc-build`:
+/// GGML_RPC in the main tree's configuration would change its key and
+/// rebuild all of llama.cpp. The RPC tree builds no CPU backend (the server
+/// loads the main tree's modules from the directory it is installed in),
+/// only ggml-base, ggml, the module and the server: a few minutes once.
+fn build_rpc(install: &Path, src: &Path, stamp: &str, cuda: bool) -> Result<()> {
+    let done = install.join(".pipeshard-rpc-built");
+    let lib = install.join("lib");
+    let stamp = format!("{stamp} {RPC_CONFIG}");
+    if fs::read_to_string(&done).ok() == Some(stamp.clone()) && lib.join(RPC_SERVER).is_file() {
+        return Ok(());
+    }
+    let build = install.join("rpc-build");
+    if !cache_matches(&build, src) {
+        let _ = fs::remove_dir_all(&build);
+    }
+    let cmake = env::var("CMAKE").unwrap_or_else(|_| "cmake".into());
+    let mut configure = Command::new(&cmake);
+    configure.arg("-S").arg(src).arg("-B").arg(&build);
+    let own = [
+        ("GGML_RPC", "ON"),
+        ("GGML_CPU", "OFF"),
+        ("GGML_CUDA", "OFF"),
+        ("LLAMA_BUILD_SERVER", "OFF"),
+        ("LLAMA_BUILD_UI", "OFF"),
+        // Installed beside the main tree's libraries (a packaged lib/ too),
+        // the server finds them there when its build tree is gone.
+        ("CMAKE_BUILD_RPATH", "$ORIGIN"),
+    ];
+    for (k, v) in cmake_defines(cuda) {
+        if !own.iter().any(|(o, _)| *o == k) {
+            configure.arg(format!("-D{k}={v}"));
+        }
+    }
+    for (k, v) in own {
+        configure.arg(format!("-D{k}={v}"));
+    }
+    run_cmd(&mut configure, "configuring llama.cpp's RPC pieces")?;
+    let jobs = env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
+    let mut compile = Command::new(&cmake);
+    compile
+        .arg("--build")
+        .arg(&build)
+        .args(["--config", "Release", "-j", &jobs, "--target", "ggml-rpc", RPC_SERVER]);
+    run_cmd(&mut compile, "building llama.cpp's RPC pieces")?;
+    for name in ["libggml-rpc.so", RPC_SERVER] {
+        let (from, to) = (build.join("bin").join(name), lib.join(name));
+        let _ = fs::remove_file(&to);
+        fs::copy(&from, &to).map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))?;
+    }
+    fs::write(&done, &stamp).map_err(|e| format!("{}: {e}", done.display()))
+}
+
+/// Upstream's RPC server executable (tools/rpc).
+const RPC_SERVER: &str = "ggml-rpc-server";
+/// Changes when the RPC tree's own configuration does, so that a tree
+/// built before rebuilds.
+const RPC_CONFIG: &str = "rpath-origin";
 
 /// The UI assets built once (by upstream's npm build) are kept in
 /// `vendor/ui-dist`, stamped with the source they came from; a later build

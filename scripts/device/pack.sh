@@ -22,6 +22,8 @@ for b in pipeshard pipeshard-server; do
     strip "$DIST/$b" 2>/dev/null || true
 done
 cp -a "$LIBDIR"/*.so* "$DIST/lib/"
+# Upstream's RPC server (build.rs), which serves the modules beside it.
+[[ -x $LIBDIR/ggml-rpc-server ]] && cp "$LIBDIR/ggml-rpc-server" "$DIST/lib/"
 for f in "$DIST"/lib/*.so; do strip --strip-unneeded "$f" 2>/dev/null || true; done
 tar -C "$SRC" -czf "$DIST/llama.cpp-src.tar.gz" \
     --exclude=./models --exclude=./docs --exclude=./examples --exclude=./tests \

@@ -88,7 +88,7 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
         .options
         .budgets()?
         .into_iter()
-        .map(|b| b.resolve(args.options.vram_headroom))
+        .map(|b| b.resolve(args.options.headroom()))
         .collect::<Result<_, _>>()?;
     anyhow::ensure!(
         !budgets.is_empty(),

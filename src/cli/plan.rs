@@ -153,6 +153,8 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub budget: PipeshardOptions,
     #[command(flatten)]
+    pub rpc: super::rpc::RpcArgs,
+    #[command(flatten)]
     pub draft: DraftArgs,
     /// Context size in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 8192)]
@@ -186,6 +188,18 @@ pub struct PlanArgs {
     pub threads: Option<i32>,
 }
 
+impl PlanArgs {
+    /// The work the plan is optimised for.
+    pub fn workload(&self) -> Workload {
+        Workload {
+            prompt_tokens: self.prompt_tokens,
+            gen_tokens: self.gen_tokens,
+            speculation: None,
+            parallel: self.parallel.max(1),
+        }
+    }
+}
+
 /// KV cache types as llama.cpp's `-ctk`/`-ctv` name them.
 pub fn parse_kv_type(s: &str) -> Result<engine::ffi::ggml_type> {
     const KV_TYPES: [&str; 9] = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"];
@@ -217,9 +231,8 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
         (None, None) => anyhow::bail!("pass -m MODEL or --arch PRESET"),
     };
     engine::init(global.backend_dir.as_deref())?;
+    args.rpc.connect()?;
     let threads = args.threads.unwrap_or_else(engine::default_threads);
-    let budget = args.budget.budget_bytes()?.context("--vram-budget is required")?;
-    let profile = resolve_profile(&args.budget, threads, &info)?;
     // The context the plan is for, as `run` would make it.
     let cp = engine::ContextParams {
         n_ctx: args.ctx_size.min(u32::MAX as u64) as u32,
@@ -229,21 +242,16 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
         type_v: args.cache_type_v.as_deref().map(parse_kv_type).transpose()?,
         ..Default::default()
     };
+    if let Some(launch::devices::BudgetList::PerDevice(specs)) = args.budget.budget_list()? {
+        return super::plan_devices::plan_devices(&args, &info, threads, &cp, &specs);
+    }
+    let budget = args.budget.budget_bytes()?.context("--vram-budget is required")?;
+    let profile = resolve_profile(&args.budget, threads, &info)?;
     let model_path = args.model.clone().unwrap_or_default();
     let req = launch::LaunchRequest {
         budget: Some(budget),
         ubatch: args.ubatch,
-        ..launch::LaunchRequest::new(
-            &model_path,
-            &args.budget,
-            threads,
-            Workload {
-                prompt_tokens: args.prompt_tokens,
-                gen_tokens: args.gen_tokens,
-                speculation: None,
-                parallel: args.parallel.max(1),
-            },
-        )?
+        ..launch::LaunchRequest::new(&model_path, &args.budget, threads, args.workload())?
     };
     let (pr, _) = launch::plan_request(&req, &info, &cp, budget, &profile);
     // With a model file and a GPU, check the plan with llama.cpp's own reservation.
@@ -271,6 +279,11 @@ pub struct ProfileArgs {
     /// first use otherwise).
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
+    /// Measure a remote device: with no local GPU visible (e.g.
+    /// CUDA_VISIBLE_DEVICES=""), the first GPU is the server's, and the
+    /// link measured is the network path to it.
+    #[command(flatten)]
+    pub rpc: super::rpc::RpcArgs,
 }
 
 pub fn profile_cmd(global: &GlobalArgs, args: ProfileArgs) -> Result<()> {
@@ -283,6 +296,7 @@ pub fn profile_cmd(global: &GlobalArgs, args: ProfileArgs) -> Result<()> {
         None => None,
     };
     engine::init(global.backend_dir.as_deref())?;
+    args.rpc.connect()?;
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     let mut p = measure_with_bar(args.mode, threads)?;
     if let Some(info) = &info {

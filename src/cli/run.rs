@@ -115,6 +115,8 @@ pub struct RunArgs {
     #[arg(long = "cache-type-v", visible_alias = "ctv")]
     pub cache_type_v: Option<String>,
     #[command(flatten)]
+    pub rpc: super::rpc::RpcArgs,
+    #[command(flatten)]
     pub budget: PipeshardOptions,
     #[command(flatten)]
     pub draft: DraftArgs,
@@ -149,6 +151,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         None => default_model::ensure().context("fetching the default model")?,
     };
     engine::init(global.backend_dir.as_deref()).context("initialising llama.cpp")?;
+    args.rpc.connect()?;
 
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     // The process's device memory, sampled until the end.
@@ -249,7 +252,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
     // decisions replace the session's, which the context's callbacks ask.
     let follows = match &mut session {
         Some(s) if args.draft.draft_model.is_none() && args.image.is_none() => {
-            s.follow_card(args.budget.vram_headroom, Box::new(|| {})).is_some()
+            s.follow_card(args.budget.headroom(), Box::new(|| {})).is_some()
         }
         _ => false,
     };

@@ -32,6 +32,9 @@ pub struct Device {
     pub kind: DeviceKind,
     pub free_bytes: u64,
     pub total_bytes: u64,
+    /// The PCI bus id ggml reports ("0000:c1:00.0"), where it knows one:
+    /// how NVML finds the same card.
+    pub device_id: Option<String>,
 }
 
 /// What kind of device a ggml backend device is.
@@ -172,6 +175,8 @@ pub fn list_devices() -> Vec<Device> {
                 let dev = ffi::ggml_backend_dev_get(i);
                 let (mut free, mut total) = (0usize, 0usize);
                 ffi::ggml_backend_dev_memory(dev, &mut free, &mut total);
+                let mut props: ffi::ggml_backend_dev_props = std::mem::zeroed();
+                ffi::ggml_backend_dev_get_props(dev, &mut props);
                 let kind = match ffi::ggml_backend_dev_type(dev) {
                     ffi::GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
                     ffi::GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
@@ -186,6 +191,7 @@ pub fn list_devices() -> Vec<Device> {
                     kind,
                     free_bytes: free as u64,
                     total_bytes: total as u64,
+                    device_id: (!props.device_id.is_null()).then(|| c_str(props.device_id)),
                 }
             })
             .collect()

@@ -64,6 +64,8 @@ pub enum EngineError {
     NothingStaged,
     #[error("{0}")]
     InvalidArgument(String),
+    #[error("--rpc {endpoint}: {reason}")]
+    Rpc { endpoint: String, reason: String },
     #[error("{0}")]
     Ubatch(String),
 }

@@ -26,6 +26,7 @@ pub mod opbench;
 mod output_embeddings;
 mod placement;
 mod routing;
+mod rpc;
 mod sampler;
 mod server;
 mod vision;
@@ -51,6 +52,7 @@ pub use placement::{
     TensorPlacement,
 };
 pub use routing::{MoeIds, MoeObserver, MoeRoutePolicy, MoeRouteQuery};
+pub use rpc::add_rpc_servers;
 pub use sampler::{argmax, Sampler, SamplingParams};
 pub use server::{
     run_llama_server, set_media_release_compute, wake_server_loop, LoadDecision, LoadHook, LoadRequest, LoadRole,

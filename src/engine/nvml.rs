@@ -40,6 +40,7 @@ struct MemoryInfo {
 
 type ProcessesFn = unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut ProcessInfo) -> NvmlReturn;
 type MemoryFn = unsafe extern "C" fn(NvmlDevice, *mut MemoryInfo) -> NvmlReturn;
+type ByPciFn = unsafe extern "C" fn(*const std::ffi::c_char, *mut NvmlDevice) -> NvmlReturn;
 
 struct Nvml {
     // Keeps the library mapped for the function pointers below.
@@ -47,6 +48,7 @@ struct Nvml {
     devices: Vec<NvmlDevice>,
     processes: ProcessesFn,
     memory: MemoryFn,
+    by_pci: Option<ByPciFn>,
 }
 
 // SAFETY: NVML is thread-safe; device handles are plain identifiers.
@@ -74,6 +76,10 @@ fn open() -> Option<Nvml> {
             .or_else(|_| lib.get::<ProcessesFn>(b"nvmlDeviceGetComputeRunningProcesses_v2\0"))
             .ok()?;
         let memory: MemoryFn = *lib.get::<MemoryFn>(b"nvmlDeviceGetMemoryInfo\0").ok()?;
+        let by_pci = lib
+            .get::<ByPciFn>(b"nvmlDeviceGetHandleByPciBusId_v2\0")
+            .ok()
+            .map(|f| *f);
         let mut n: c_uint = 0;
         if count_fn(&mut n) != NVML_SUCCESS {
             return None;
@@ -93,6 +99,7 @@ fn open() -> Option<Nvml> {
             devices,
             processes,
             memory,
+            by_pci,
         })
     }
 }
@@ -144,6 +151,40 @@ impl Nvml {
         }
         buf.truncate((n as usize).min(buf.len()));
         buf
+    }
+
+    /// The card at PCI bus id `pci` ("0000:c1:00.0", as ggml's CUDA
+    /// backend reports it), if NVML knows it.
+    fn card(&self, pci: &str) -> Option<NvmlDevice> {
+        let by_pci = self.by_pci?;
+        let id = std::ffi::CString::new(pci).ok()?;
+        let mut d: NvmlDevice = std::ptr::null_mut();
+        // SAFETY: id is NUL-terminated and d a valid out-pointer.
+        (unsafe { by_pci(id.as_ptr(), &mut d) } == NVML_SUCCESS).then_some(d)
+    }
+
+    /// One card's memory split by owner, as [`card_usage`] reads it for all.
+    fn usage_of(&self, dev: NvmlDevice) -> Option<CardUsage> {
+        let mut m = MemoryInfo::default();
+        // SAFETY: m is a valid out-pointer.
+        if unsafe { (self.memory)(dev, &mut m) } != NVML_SUCCESS {
+            return None;
+        }
+        let pid = std::process::id();
+        let listed = self.list(dev);
+        let used = |own: bool| {
+            listed
+                .iter()
+                .filter(|p| p.used_gpu_memory != NVML_VALUE_NOT_AVAILABLE && (p.pid == pid) == own)
+                .map(|p| p.used_gpu_memory)
+                .sum::<u64>()
+        };
+        let own = used(true);
+        Some(CardUsage {
+            total: m.total,
+            others: used(false).max(m.used.saturating_sub(own)),
+            own,
+        })
     }
 
     /// (total, free, used) summed over the cards.
@@ -232,4 +273,14 @@ pub fn card_usage() -> Option<CardUsage> {
         others: listed_others.max(used.saturating_sub(own)),
         own,
     })
+}
+
+/// One card's memory split by owner, the card named by its PCI bus id (a
+/// ggml device's `device_id`); None without NVML or where NVML does not
+/// know the id. Inside a PID namespace this process's own use is not
+/// listed, so it counts among the others': the budget is then what the
+/// card has free.
+pub fn device_usage(pci_bus_id: &str) -> Option<CardUsage> {
+    let n = nvml()?;
+    n.usage_of(n.card(pci_bus_id)?)
 }

@@ -419,7 +419,14 @@ pub fn measure_link(device_index: usize, bytes: usize, min_time: Duration) -> Re
             ffi::ggml_backend_dev_buffer_type(backend.dev),
             ffi::ggml_nbytes(d) + 4096,
         );
-        let host_buft = ffi::ggml_backend_dev_host_buffer_type(backend.dev);
+        // A device with no pinned host memory of its own (a remote device
+        // behind ggml-rpc) copies from plain host memory: its "pinned"
+        // figures are then the network path's.
+        let mut host_buft = ffi::ggml_backend_dev_host_buffer_type(backend.dev);
+        let cpu = ffi::ggml_backend_dev_by_type(ffi::GGML_BACKEND_DEVICE_TYPE_CPU);
+        if host_buft.is_null() && !cpu.is_null() {
+            host_buft = ffi::ggml_backend_dev_buffer_type(cpu);
+        }
         if dbuf.is_null() || host_buft.is_null() {
             if !dbuf.is_null() {
                 ffi::ggml_backend_buffer_free(dbuf);

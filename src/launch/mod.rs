@@ -13,6 +13,7 @@
 
 mod check;
 mod decode;
+pub mod devices;
 mod draft;
 pub mod live;
 mod options;
@@ -45,6 +46,8 @@ pub enum LaunchError {
     Options(String),
     #[error("--vram-budget auto needs a GPU")]
     AutoNeedsGpu,
+    #[error("no device {name} on this machine; the devices that take a budget: {known}")]
+    NoSuchDevice { name: String, known: String },
     #[error("reading the plan {path}: {source}")]
     PlanIo { path: PathBuf, source: std::io::Error },
     #[error("parsing the plan {path}: {message}")]

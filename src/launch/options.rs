@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use crate::engine;
 use crate::plan;
 
+use super::devices::{self, BudgetList, DeviceBudget, Headroom};
 use super::LaunchError;
 
 /// Options that decide where weights go. Each has a `PIPESHARD_*`
@@ -14,15 +15,18 @@ use super::LaunchError;
 pub struct PipeshardOptions {
     /// Hard VRAM budget for the whole process as nvidia-smi shows it, e.g.
     /// 4GiB or 2048MiB; `auto` takes what is free on the card now, minus
-    /// a margin. `bench` takes a comma-separated list.
+    /// a margin. `bench` takes a comma-separated list. One budget per
+    /// device: `CUDA0=10GiB,CUDA1=6GiB` (ggml's device names; a device not
+    /// listed is not used).
     #[arg(long = "vram-budget", env = "PIPESHARD_VRAM_BUDGET", value_parser = check_budgets)]
     pub vram_budget: Option<String>,
     /// With `--vram-budget auto`: device memory left free for other
     /// programs, e.g. 1GiB. `serve` and `run` follow the card while they
     /// run: the budget is the card's memory less every other process's use
-    /// and this headroom. Default: 5% of the card, at least 512 MiB.
-    #[arg(long = "vram-headroom", env = "PIPESHARD_VRAM_HEADROOM", value_parser = parse_size)]
-    pub vram_headroom: Option<u64>,
+    /// and this headroom. Default: 5% of the card, at least 512 MiB. One
+    /// per device: `CUDA0=1GiB,CUDA1=512MiB`.
+    #[arg(long = "vram-headroom", env = "PIPESHARD_VRAM_HEADROOM", value_parser = Headroom::parse)]
+    pub vram_headroom: Option<Headroom>,
     /// Machine profile (YAML); default: the one matching this machine in
     /// the profile directory ($PIPESHARD_PROFILE_DIR, else pipeshard/profiles
     /// in the user's data directory), measured on first use.
@@ -112,11 +116,6 @@ fn parse_share(s: &str) -> Result<f64, String> {
     }
 }
 
-/// A size such as 1GiB or 512MiB.
-fn parse_size(s: &str) -> Result<u64, String> {
-    plan::parse_bytes(s).map_err(|e| e.to_string())
-}
-
 /// The memory `--vram-budget auto` leaves free on a card of `total` bytes
 /// without `--vram-headroom`: 5% of it, at least 512 MiB.
 pub fn default_headroom(total: u64) -> u64 {
@@ -125,10 +124,12 @@ pub fn default_headroom(total: u64) -> u64 {
 
 /// `--vram-budget` as given, once every budget in it parses.
 fn check_budgets(s: &str) -> Result<String, String> {
-    for one in s.split(',') {
-        if BudgetSpec::parse(one).map_err(|e| e.to_string())? == BudgetSpec::Bytes(0) {
-            return Err("a budget of 0 bytes leaves nothing for the model".into());
-        }
+    let specs = match BudgetList::parse(s).map_err(|e| e.to_string())? {
+        BudgetList::Sizes(v) => v,
+        BudgetList::PerDevice(v) => v.into_iter().map(|d| d.budget).collect(),
+    };
+    if specs.contains(&BudgetSpec::Bytes(0)) {
+        return Err("a budget of 0 bytes leaves nothing for the model".into());
     }
     Ok(s.to_string())
 }
@@ -201,19 +202,58 @@ impl PipeshardOptions {
         matches!(self.budgets().as_deref(), Ok([BudgetSpec::Auto]))
     }
 
+    /// `--vram-budget` parsed; None where it is not given.
+    pub fn budget_list(&self) -> Result<Option<BudgetList>, LaunchError> {
+        self.vram_budget.as_deref().map(BudgetList::parse).transpose()
+    }
+
     /// Every budget given (`bench` takes several, comma-separated).
     pub fn budgets(&self) -> Result<Vec<BudgetSpec>, LaunchError> {
-        match &self.vram_budget {
+        match self.budget_list()? {
             None => Ok(Vec::new()),
-            Some(s) => s.split(',').map(BudgetSpec::parse).collect(),
+            Some(BudgetList::Sizes(v)) => Ok(v),
+            Some(BudgetList::PerDevice(_)) => Err(LaunchError::Options(
+                "--vram-budget DEVICE=SIZE pairs are one budget per device, not a list of budgets: bench sweeps sizes (e.g. 4GiB,6GiB)".into(),
+            )),
         }
     }
 
-    /// The one budget of a command that loads one model, resolved.
+    /// The headroom of the first GPU, which one-device commands use.
+    pub fn headroom(&self) -> Option<u64> {
+        let first = engine::first_device(engine::DeviceKind::Gpu).map(|d| d.name);
+        self.vram_headroom
+            .as_ref()
+            .and_then(|h| h.of(first.as_deref().unwrap_or_default()))
+    }
+
+    /// Per-device budgets resolved against the devices ggml loaded; None
+    /// where `--vram-budget` is not a list of `DEVICE=SIZE` pairs.
+    pub fn device_budgets(&self) -> Result<Option<Vec<DeviceBudget>>, LaunchError> {
+        match self.budget_list()? {
+            Some(BudgetList::PerDevice(specs)) => {
+                devices::resolve(&specs, self.vram_headroom.as_ref(), &engine::list_devices()).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The one budget of a command that loads one model, resolved. Budgets
+    /// per device resolve here when they name one device, the first GPU,
+    /// which one-device plans run on.
     pub fn budget_bytes(&self) -> Result<Option<u64>, LaunchError> {
+        if let Some(devices) = self.device_budgets()? {
+            let first = engine::first_device(engine::DeviceKind::Gpu).map(|d| d.index);
+            return match devices.as_slice() {
+                [one] if Some(one.index) == first => Ok(Some(one.bytes)),
+                _ => Err(LaunchError::Options(format!(
+                    "--vram-budget {}: this command runs on one device, the first GPU; a plan across devices is `pipeshard plan`'s so far",
+                    self.vram_budget.as_deref().unwrap_or_default()
+                ))),
+            };
+        }
         match self.budgets()?.as_slice() {
             [] => Ok(None),
-            [one] => Ok(Some(one.resolve(self.vram_headroom)?)),
+            [one] => Ok(Some(one.resolve(self.headroom())?)),
             _ => Err(LaunchError::Options(
                 "--vram-budget takes one size here (only bench takes a list)".into(),
             )),

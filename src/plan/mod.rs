@@ -16,6 +16,7 @@
 pub mod apply;
 pub mod cost;
 mod decode_tier;
+pub mod devices;
 mod evaluate;
 mod optimizer;
 mod report;
@@ -25,7 +26,7 @@ pub use cost::{CostModel, Exec, Overheads, Streaming};
 pub use decode_tier::{DecodeTier, DecodeUnit, DECODE_TIER_MARGIN};
 pub use evaluate::{predict, Evaluator};
 pub use optimizer::{make_plan, value_per_byte};
-pub use report::{render, Format};
+pub use report::{render, render_devices, Format};
 pub use switch::PolicySwitch;
 
 use serde::{Deserialize, Serialize};

@@ -233,3 +233,80 @@ fn table(plan: &Plan) -> String {
     }
     s
 }
+
+/// Render a plan across devices in `format`: the split, then each device's
+/// plan.
+pub fn render_devices(plan: &super::devices::DevicesPlan, format: Format) -> String {
+    match format {
+        Format::Yaml => serde_yaml::to_string(plan).unwrap_or_default(),
+        Format::Json => serde_json::to_string_pretty(plan).unwrap_or_default(),
+        Format::Table => devices_table(plan),
+    }
+}
+
+fn devices_table(plan: &super::devices::DevicesPlan) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "model {}: {} layers across {} devices in the pipeline order of llama.cpp's layer split, ubatch {}; one scheduler copy (llama.cpp's pipeline parallelism does not run with tensor overrides), so the devices take turns",
+        plan.model,
+        plan.n_layer,
+        plan.parts.len(),
+        plan.ubatch
+    );
+    let split = plan.layer_split();
+    let _ = writeln!(
+        s,
+        "layers as llama.cpp's layer split places them: -sm layer -dev {} -ngl {} -ts {}",
+        plan.parts
+            .iter()
+            .map(|p| p.device.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
+        split.n_gpu_layers,
+        split
+            .tensor_split
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    for part in &plan.parts {
+        let (p, v) = (&part.plan, &part.plan.vram);
+        let _ = writeln!(
+            s,
+            "{:<8} layers {:>3}-{:<3} VRAM {} of {}: weights {}, KV {}, compute {}; host weights {}; alone: TTFT {:.3} s, decode {:.1} tok/s",
+            part.device,
+            part.first_layer,
+            part.end_layer() - 1,
+            fmt_bytes(v.total),
+            fmt_bytes(v.budget),
+            fmt_bytes(v.weights),
+            fmt_bytes(v.kv_cache),
+            fmt_bytes(v.compute),
+            fmt_bytes(p.host_bytes()),
+            p.predicted.ttft_s,
+            p.predicted.decode_tok_s
+        );
+    }
+    let (p, w) = (
+        &plan.predicted,
+        plan.parts.first().map(|p| p.plan.workload).unwrap_or_default(),
+    );
+    let _ = writeln!(
+        s,
+        "predicted for {} prompt + {} generated tokens: TTFT {:.3} s ({:.0} tok/s), decode {:.1} tok/s",
+        w.prompt_tokens, w.gen_tokens, p.ttft_s, p.prompt_tok_s, p.decode_tok_s
+    );
+    for part in &plan.parts {
+        let _ = writeln!(
+            s,
+            "\n{} (layers {}-{}):",
+            part.device,
+            part.first_layer,
+            part.end_layer() - 1
+        );
+        s.push_str(&table(&part.plan));
+    }
+    s
+}

@@ -223,7 +223,9 @@ pub fn measure(
     mut progress: impl FnMut(u64, u64),
 ) -> Result<MachineProfile, ProfileError> {
     let t_start = Instant::now();
-    let devices = engine::init(None)?;
+    engine::init(None)?;
+    // The devices now, remote ones (--rpc) included.
+    let devices = engine::list_devices();
     let cpu_index = devices.iter().find(|d| d.kind == DeviceKind::Cpu).map(|d| d.index);
     let gpu = devices.iter().find(|d| d.kind == DeviceKind::Gpu).cloned();
     let plan = plan_for(mode);

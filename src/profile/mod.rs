@@ -6,9 +6,11 @@
 //! one for the current machine. Rates are looked up by the nearest measured
 //! batch size and scaled by work ([`MachineProfile::matmul_seconds`]).
 
+mod devices;
 mod measure;
 mod types_used;
 
+pub use devices::load_devices;
 pub use measure::{measure, measure_missing, missing_steps, ProfileMode};
 pub use types_used::{Missing, TypesUsed};
 

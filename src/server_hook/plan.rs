@@ -181,7 +181,7 @@ impl ServerState {
     /// or a trace; where the sampling cannot start, the budget stays fixed
     /// at the load's.
     fn follow_card(&self, session: &mut Session) {
-        let Some(f) = session.follow_card(self.opts.pipeshard.vram_headroom, Box::new(engine::wake_server_loop)) else {
+        let Some(f) = session.follow_card(self.opts.pipeshard.headroom(), Box::new(engine::wake_server_loop)) else {
             return;
         };
         if let Some(path) = std::env::var_os(launch::live::RECORD_ENV).filter(|p| !p.is_empty()) {

@@ -10,6 +10,7 @@ use super::options::ServerOptions;
 use super::report::Reports;
 use super::ServeError;
 use crate::engine::{ContextRef, ServerHooks, ServerReports, VisionOptions};
+use crate::launch::devices::BudgetList;
 use crate::launch::{BudgetSpec, Session};
 
 pub struct ServerState {
@@ -26,11 +27,13 @@ impl ServerState {
     /// The state of a server run with `opts`.
     pub fn new(opts: ServerOptions) -> Result<Arc<ServerState>, ServeError> {
         // `auto` resolves when the model loads; the plan reports it then.
-        let budget = match opts.pipeshard.budgets() {
-            Ok(b) => match b.as_slice() {
+        // So do budgets per device, against the devices loaded by then.
+        let budget = match opts.pipeshard.budget_list() {
+            Ok(Some(BudgetList::Sizes(b))) => match b.as_slice() {
                 [BudgetSpec::Bytes(b)] => Some(*b),
                 _ => None,
             },
+            Ok(_) => None,
             Err(e) => return Err(ServeError::Options(e.to_string())),
         };
         Ok(Arc::new(ServerState {

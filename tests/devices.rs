@@ -1,0 +1,287 @@
+//! Several devices through the binaries: budgets per device, plans across
+//! devices from profiles, and a device behind upstream's `ggml-rpc-server`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn pipeshard(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipeshard"))
+        .args(args)
+        .output()
+        .expect("spawning pipeshard")
+}
+
+/// Exit code 1 (not a signal, not a panic's 101) with a message naming the problem.
+fn assert_clean_failure(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "status {:?}, stderr:\n{stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "panicked:\n{stderr}");
+    assert!(
+        stderr.to_lowercase().contains(&needle.to_lowercase()),
+        "expected {needle:?} in:\n{stderr}"
+    );
+}
+
+fn model() -> String {
+    common::default_model_path().to_string_lossy().into_owned()
+}
+
+#[test]
+fn a_device_that_does_not_exist_fails_with_exit_code_1() {
+    let m = model();
+    let run = pipeshard(&["run", "-m", &m, "-n", "1", "-t", "2", "--vram-budget", "CUDA7=1GiB"]);
+    assert_clean_failure(&run, "no device CUDA7");
+    let run = pipeshard(&["run", "-m", &m, "-n", "1", "-t", "2", "--vram-budget", "CPU=1GiB"]);
+    assert_clean_failure(&run, "the CPU takes no VRAM budget");
+    // The server resolves them when the model loads, and exits.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+        .to_string();
+    let server = Command::new(env!("CARGO_BIN_EXE_pipeshard-server"))
+        .args(["-m", &m, "--port", &port, "--vram-budget", "CUDA7=1GiB"])
+        .output()
+        .expect("spawning pipeshard-server");
+    assert_eq!(server.status.code(), Some(1));
+    let log = String::from_utf8_lossy(&server.stderr);
+    assert!(log.contains("no device CUDA7") && !log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn malformed_per_device_budgets_fail_with_exit_code_1() {
+    let m = model();
+    for (budget, needle) in [
+        ("CUDA0=1GiB,2GiB", "mixes sizes"),
+        ("CUDA0=lots", "not a size"),
+        ("CUDA0=1GiB,cuda0=2GiB", "twice"),
+        ("CUDA0=0", "0 bytes"),
+    ] {
+        let out = pipeshard(&["run", "-m", &m, "-n", "1", "--vram-budget", budget]);
+        assert_clean_failure(&out, needle);
+    }
+    let out = pipeshard(&[
+        "run",
+        "-m",
+        &m,
+        "-n",
+        "1",
+        "--vram-budget",
+        "4GiB",
+        "--vram-headroom",
+        "CUDA0=",
+    ]);
+    assert_clean_failure(&out, "--vram-headroom");
+    // bench's list is a sweep of sizes: pairs are not a sweep.
+    let dir = common::scratch_dir("devices-bench");
+    let out = pipeshard(&[
+        "bench",
+        "-m",
+        &m,
+        "-n",
+        "1",
+        "-r",
+        "1",
+        "--vram-budget",
+        "CUDA0=1GiB,CUDA1=1GiB",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&out, "not a list of budgets");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Upstream's RPC server, installed beside the backend modules by build.rs.
+fn rpc_server_binary() -> PathBuf {
+    Path::new(env!("PIPESHARD_BUILD_LIB_DIR")).join("ggml-rpc-server")
+}
+
+/// `ggml-rpc-server` on 127.0.0.1 at a free port, killed when dropped.
+struct RpcServer {
+    child: Child,
+    endpoint: String,
+}
+
+impl RpcServer {
+    fn start() -> RpcServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = Command::new(rpc_server_binary())
+            .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-t", "2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning ggml-rpc-server");
+        let endpoint = format!("127.0.0.1:{port}");
+        let start = Instant::now();
+        while std::net::TcpStream::connect(&endpoint).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "ggml-rpc-server did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        RpcServer { child, endpoint }
+    }
+}
+
+impl Drop for RpcServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn greedy_run(m: &str, extra: &[&str]) -> (String, String) {
+    let mut args = vec![
+        "run",
+        "-m",
+        m,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "24",
+        "-t",
+        "2",
+        "--temp",
+        "0",
+    ];
+    args.extend(extra);
+    let out = pipeshard(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), stderr)
+}
+
+#[test]
+fn a_device_behind_rpc_server_gives_the_local_greedy_tokens() {
+    let m = model();
+    let server = RpcServer::start();
+    let (local, _) = greedy_run(&m, &[]);
+    let (remote, log) = greedy_run(&m, &["--rpc", &server.endpoint]);
+    // The weights went to the remote device, not the local CPU.
+    assert!(log.contains(&format!("RPC0[{}]", server.endpoint)), "{log}");
+    assert!(!local.trim().is_empty());
+    assert_eq!(remote, local);
+}
+
+#[test]
+fn an_rpc_server_that_does_not_answer_fails_with_exit_code_1() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let out = pipeshard(&["run", "-m", &model(), "-n", "1", "--rpc", &format!("127.0.0.1:{port}")]);
+    assert_clean_failure(&out, "no connection");
+}
+
+fn two_gpu_profile() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/two-gpu-devices.yaml")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// `pipeshard plan --format json` of llama3.1-8b Q4_0 for `budget`.
+fn plan_json(budget: &str) -> serde_json::Value {
+    let profile = two_gpu_profile();
+    let out = pipeshard(&[
+        "plan",
+        "--arch",
+        "llama3.1-8b",
+        "-c",
+        "4096",
+        "--vram-budget",
+        budget,
+        "--profile",
+        &profile,
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("the plan as JSON")
+}
+
+/// Each part's (device, first layer, layers, VRAM total, budget).
+fn parts(plan: &serde_json::Value) -> Vec<(String, u64, u64, u64, u64)> {
+    plan["parts"]
+        .as_array()
+        .expect("parts")
+        .iter()
+        .map(|p| {
+            let v = &p["plan"]["vram"];
+            (
+                p["device"].as_str().unwrap().to_string(),
+                p["first_layer"].as_u64().unwrap(),
+                p["plan"]["n_layer"].as_u64().unwrap(),
+                v["total"].as_u64().unwrap(),
+                v["budget"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_plan_across_two_devices_splits_the_layers_in_order_within_each_budget() {
+    let plan = plan_json("CUDA0=2GiB,CUDA1=3GiB");
+    let p = parts(&plan);
+    assert_eq!(p.iter().map(|x| x.0.as_str()).collect::<Vec<_>>(), ["CUDA0", "CUDA1"]);
+    // Contiguous, in pipeline order, every layer once.
+    assert_eq!(p[0].1, 0);
+    assert_eq!(p[1].1, p[0].2);
+    assert_eq!(p[0].2 + p[1].2, plan["n_layer"].as_u64().unwrap());
+    for (device, _, _, total, budget) in &p {
+        assert!(total <= budget, "{device}: {total} over {budget}");
+    }
+    // Only the first layers may be CPU layers in llama.cpp's layer split:
+    // the second device keeps all of its layers' KV.
+    let second = &plan["parts"][1]["plan"];
+    assert_eq!(second["kv_gpu_layers"], second["n_layer"]);
+    assert_eq!(p[0].4, 2 << 30);
+    assert_eq!(p[1].4, 3 << 30);
+    // The budgets move the split: the larger budget holds more layers.
+    let swapped = parts(&plan_json("CUDA0=3GiB,CUDA1=2GiB"));
+    assert!(swapped[0].2 > p[0].2, "{swapped:?} vs {p:?}");
+    // A second device adds memory: the pair decodes faster than CUDA0 alone.
+    let alone = plan_json("CUDA0=2GiB");
+    let decode = |v: &serde_json::Value| v["predicted"]["decode_tok_s"].as_f64().unwrap();
+    assert!(
+        decode(&plan) > decode(&alone),
+        "{} vs {}",
+        decode(&plan),
+        decode(&alone)
+    );
+}
+
+#[test]
+fn a_plan_across_devices_shows_the_split_and_refuses_unknown_devices() {
+    let profile = two_gpu_profile();
+    let plan = |budget: &str| {
+        pipeshard(&[
+            "plan",
+            "--arch",
+            "llama3.1-8b",
+            "-c",
+            "4096",
+            "--vram-budget",
+            budget,
+            "--profile",
+            &profile,
+        ])
+    };
+    let out = plan("CUDA0=2GiB,CUDA1=2GiB");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(table.contains("across 2 devices"), "{table}");
+    assert!(table.contains("-sm layer -dev CUDA0,CUDA1 -ngl "), "{table}");
+    assert!(
+        table.contains("CUDA0 (layers 0-") && table.contains("CUDA1 (layers "),
+        "{table}"
+    );
+    assert_clean_failure(&plan("CUDA0=2GiB,CUDA2=2GiB"), "no device CUDA2");
+}
