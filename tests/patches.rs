@@ -6,21 +6,46 @@
 use std::path::Path;
 use std::process::Command;
 
-#[test]
-fn series_apply_in_order_and_upstream_fixes_apply_alone() {
+/// The most lines that the series may add to and remove from upstream's
+/// ggml-backend.cpp in place (issue 43): the scheduler's hook table and its
+/// calls; the streaming scheduler itself lives in files of its own.
+const MAX_BACKEND_LINES: usize = 400;
+
+fn patches_py(command: &str) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = Command::new("python3")
         .arg(root.join("scripts/patches.py"))
-        .arg("check")
+        .arg(command)
         .current_dir(root)
         .output()
         .expect("spawning python3");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "patches.py check failed:\n{stdout}{stderr}");
+    assert!(out.status.success(), "patches.py {command} failed:\n{stdout}{stderr}");
+    stdout
+}
+
+#[test]
+fn series_apply_in_order_and_upstream_fixes_apply_alone() {
+    let stdout = patches_py("check");
     assert!(
         stdout.contains("stand-alone patches apply alone to the pristine release"),
         "{stdout}"
     );
     assert!(stdout.contains("upstream functions edited"), "{stdout}");
+}
+
+#[test]
+fn scheduler_edits_of_ggml_backend_stay_a_narrow_seam() {
+    let stdout = patches_py("stats");
+    let lines = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("ggml/src/ggml-backend.cpp: "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or_else(|| panic!("no ggml-backend.cpp figure in:\n{stdout}"));
+    assert!(
+        lines <= MAX_BACKEND_LINES,
+        "the series edit {lines} lines of ggml-backend.cpp in place (at most {MAX_BACKEND_LINES})"
+    );
 }
