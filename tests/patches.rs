@@ -49,3 +49,30 @@ fn scheduler_edits_of_ggml_backend_stay_a_narrow_seam() {
         "the series edit {lines} lines of ggml-backend.cpp in place (at most {MAX_BACKEND_LINES})"
     );
 }
+
+#[test]
+fn no_scheduler_switch_but_the_timing_log() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("patches");
+    let mut switches = Vec::new();
+    for series in std::fs::read_dir(&dir).expect("patches/") {
+        let series = series.expect("patches/ entry").path();
+        if !series.is_dir() {
+            continue;
+        }
+        for patch in std::fs::read_dir(&series).expect("a series directory") {
+            let patch = patch.expect("a series entry").path();
+            let text = std::fs::read_to_string(&patch).expect("a patch");
+            switches.extend(
+                text.lines()
+                    .filter(|l| l.starts_with('+') && l.contains("getenv(\"GGML_SCHED_"))
+                    .filter(|l| !l.contains("getenv(\"GGML_SCHED_TIMING\")"))
+                    .map(|l| format!("{}: {}", patch.display(), l.trim())),
+            );
+        }
+    }
+    assert!(
+        switches.is_empty(),
+        "GGML_SCHED_* switches besides the timing log:\n{}",
+        switches.join("\n")
+    );
+}
