@@ -117,6 +117,26 @@ impl Locality {
     }
 }
 
+/// The locality a launch plans with: the default, or none where the
+/// scheduler keeps no cache (`GGML_SCHED_EXPERT_CACHE` read as
+/// `atoi` does: 0 turns it off, 2 empties it before every graph).
+pub fn launch_locality() -> Option<Locality> {
+    let Ok(setting) = std::env::var("GGML_SCHED_EXPERT_CACHE") else {
+        return Some(Locality::default());
+    };
+    let digits: String = setting
+        .trim_start()
+        .chars()
+        .enumerate()
+        .take_while(|&(i, c)| c.is_ascii_digit() || (i == 0 && (c == '-' || c == '+')))
+        .map(|(_, c)| c)
+        .collect();
+    match digits.parse::<i64>().unwrap_or(0) {
+        0 | 2 => None,
+        _ => Some(Locality::default()),
+    }
+}
+
 /// The expert cache a plan expects in decode.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ExpertCachePlan {
