@@ -1,8 +1,10 @@
 //! The models people run in 2026, on the CPU: gpt-oss (sinks, biases, a
 //! sliding window in every other layer), Qwen3.6 (`qwen35moe`: recurrent
 //! Gated-DeltaNet layers, a gated shared expert), Gemma 3 (five window
-//! layers to one global), GLM-4.5-Air (dense lead layer, selection bias,
-//! shared expert) and DeepSeek-V2-Lite (MLA, shared experts). For every
+//! layers to one global), Gemma 4's MoE (window layers, global layers of
+//! other head sizes, a dense FFN beside the routed experts), GLM-4.5-Air
+//! (dense lead layer, selection bias, shared expert) and DeepSeek-V2-Lite
+//! (MLA, shared experts). For every
 //! tiny preset: each tensor's role and the cache each layer keeps, the
 //! plan's decision for each role under a budget with the GPU profile
 //! fixture, each role on one of two CPU buffer types with the greedy tokens
@@ -23,11 +25,12 @@ use pipeshard::plan::{self, PlanRequest};
 use pipeshard::profile::MachineProfile;
 use pipeshard::synth::{self, Family, Quant};
 
-const TINY: [&str; 6] = [
+const TINY: [&str; 7] = [
     "tiny-gpt-oss-20b",
     "tiny-gpt-oss-120b",
     "tiny-qwen3.6-35b-a3b",
     "tiny-gemma-3-27b",
+    "tiny-gemma-4-26b-a4b",
     "tiny-glm-4.5-air",
     "tiny-deepseek-v2-lite",
 ];
@@ -77,11 +80,13 @@ fn is_matmul_role(r: TensorRole) -> bool {
             | MoeGateExps
             | MoeUpExps
             | MoeDownExps
+            | MoeGateUpExps
             | SharedExpertGate
             | SharedExpertUp
             | SharedExpertDown
             | SsmBeta
             | SsmAlpha
+            | SsmBetaAlpha
             | SsmOut
     )
 }
@@ -138,6 +143,43 @@ fn every_tensor_has_a_role_and_each_layer_keeps_the_cache_of_its_kind() {
                 let expected: Vec<bool> = (0..m.n_layer).map(|l| l % 6 != 5).collect();
                 assert_eq!(swa, expected, "{preset}");
                 assert_eq!(roles_of(&m, TensorRole::FfnPostNorm).len(), m.n_layer as usize);
+            }
+            Family::Gemma4(g) => {
+                let expected: Vec<bool> = (0..m.n_layer).map(|l| g.is_swa(l)).collect();
+                assert_eq!(swa, expected, "{preset}");
+                for l in 0..m.n_layer {
+                    // wider heads, fewer KV heads in the global layers,
+                    // whose V is their K (no V projection)
+                    let (hd, kv) = match g.is_swa(l) {
+                        true => (p.head_dim, p.n_head_kv),
+                        false => (g.head_dim_global, g.n_head_kv_global),
+                    };
+                    assert_eq!(per_tok(l), 2 * 2 * hd * kv, "{preset} layer {l}");
+                    let has_v = m.layer_tensors(l).any(|t| t.role == TensorRole::AttnV);
+                    assert_eq!(has_v, g.is_swa(l), "{preset} layer {l}");
+                }
+                // every layer: a dense FFN beside the routed experts, whose
+                // gate and up are one stack, each with its norms
+                let every_layer = [
+                    TensorRole::FfnUp,
+                    TensorRole::MoeGateUpExps,
+                    TensorRole::MoePreNorm,
+                    TensorRole::FfnDensePostNorm,
+                    TensorRole::MoePostNorm,
+                    TensorRole::LayerOutScale,
+                ];
+                for role in every_layer {
+                    assert_eq!(roles_of(&m, role).len(), m.n_layer as usize, "{preset}: {role:?}");
+                }
+                assert!(roles_of(&m, TensorRole::MoeGateUpExps)
+                    .iter()
+                    .all(|t| t.holds_routed_experts()));
+                // the router's input scale and the per-expert output scale
+                let scales = roles_of(&m, TensorRole::WeightScale);
+                assert_eq!(scales.len(), 2 * m.n_layer as usize, "{preset}");
+                assert!(scales.iter().all(|t| t.dims.len() == 1 && !t.holds_routed_experts()));
+                assert_eq!(roles_of(&m, TensorRole::RopeFreqs).len(), 1, "{preset}");
+                assert_eq!(m.n_expert_shared, 0, "{preset}");
             }
             Family::Qwen35Moe(g) => {
                 let expected: Vec<bool> = (0..m.n_layer).map(|l| g.is_recurrent(l)).collect();
@@ -212,6 +254,7 @@ fn plans_place_each_role_under_a_budget() {
         ("gpt-oss-120b", 24),
         ("qwen3.6-35b-a3b", 8),
         ("gemma-3-27b", 8),
+        ("gemma-4-26b-a4b", 8),
         ("glm-4.5-air", 24),
         ("deepseek-v2-lite", 4),
     ] {
@@ -244,6 +287,79 @@ fn a_recurrent_layer_never_copies_its_state_per_token() {
         let (s, copy) = cm.attention(recurrent, 512, depth, false);
         assert_eq!(copy, 0.0, "depth {depth}");
         assert_eq!(s, cm.attention(recurrent, 512, 0, false).0, "depth {depth}");
+    }
+}
+
+/// gpt-oss's biases stay with their layer (on the GPU where the layer's KV
+/// is), and llama.cpp's scheduler runs a bias add where the bias is: a
+/// routed-expert matmul computed on the CPU crosses to the GPU for its bias
+/// and back, and the decode step pays those switches.
+#[test]
+fn a_host_computed_weight_crosses_to_its_bias_and_back() {
+    let m = info("tiny-gpt-oss-20b");
+    let mut unbiased = m.clone();
+    unbiased.tensors.retain(|t| !(t.role.is_routed_expert() && t.is_bias()));
+    let profile = profile();
+    let overheads = plan::Overheads::default();
+    let decode_step = |m: &ModelInfo| {
+        let cm = plan::CostModel::new(m, &profile, plan::Streaming::Pipelined, true, overheads, Some(0));
+        let workload = PlanRequest::new(GIB, 4096).workload;
+        let ev = plan::Evaluator::new(m, &cm, workload, 512, m.n_layer);
+        // every weight resident but the routed experts, computed on the CPU
+        let resident: Vec<bool> = ev
+            .tensors
+            .iter()
+            .map(|&i| !m.tensors[i].holds_routed_experts())
+            .collect();
+        let on_cpu = (0..ev.tensors.len())
+            .filter(|&k| !resident[k] && ev.tier_exec(k, 1, &resident, 0.0) == plan::Exec::Cpu)
+            .count();
+        assert_eq!(on_cpu, 3 * m.n_layer as usize);
+        1.0 / ev.evaluate(&resident).decode_tok_s
+    };
+    // each layer: into the CPU for gate, down and up and back, and now out
+    // to each one's bias: 4 switches more
+    let extra = decode_step(&m) - decode_step(&unbiased);
+    let want = 4.0 * f64::from(m.n_layer) * overheads.device_switch_s;
+    assert!((extra - want).abs() < 1e-9, "{extra} s, not {want} s");
+}
+
+/// Qwen3-Next (`qwen3next`) writes a Gated-DeltaNet layer's beta and alpha
+/// projections as one tensor, `ssm_ba` (LLM_TENSOR_SSM_BETA_ALPHA): a
+/// recurrent layer's matmul weight, planned as `ssm_beta` and `ssm_alpha`
+/// are, not left to the fallback for tensors of no known role.
+#[test]
+fn qwen3next_fused_beta_alpha_is_planned_as_a_recurrent_weight() {
+    let mut m = info("tiny-qwen3.6-35b-a3b");
+    m.architecture = "qwen3next".into();
+    let tensors = std::mem::take(&mut m.tensors);
+    for t in tensors {
+        match t.role {
+            TensorRole::SsmAlpha => {}
+            TensorRole::SsmBeta => {
+                let name = t.name.replace("ssm_beta", "ssm_ba");
+                m.tensors.push(ModelTensor {
+                    role: TensorRole::from_name(&name),
+                    name,
+                    dims: vec![t.dims[0], 2 * t.dims[1]],
+                    nbytes: 2 * t.nbytes,
+                    ..t
+                });
+            }
+            _ => m.tensors.push(t),
+        }
+    }
+    let unknown: Vec<&str> = m.unknown_tensors().map(|t| t.name.as_str()).collect();
+    assert!(unknown.is_empty(), "no role for {unknown:?}");
+    let fused = roles_of(&m, TensorRole::SsmBetaAlpha);
+    let recurrent = (0..m.n_layer).filter(|&l| m.is_recurrent(l)).count();
+    assert_eq!(fused.len(), recurrent);
+    assert!(fused
+        .iter()
+        .all(|t| t.role.is_recurrent() && m.is_recurrent(t.layer.unwrap())));
+    for budget in [GIB, 300 * MIB + m.total_bytes() / 3] {
+        let p = plan_at(&m, budget);
+        check_plan_roles("qwen3next", &m, &p);
     }
 }
 

@@ -852,11 +852,13 @@ fn host_kv_attention_of_a_prompt_chunk_is_priced_on_the_gpu_with_its_copy() {
         n_kv,
     );
     assert_eq!(cm.attention_seconds(0, 1, n_kv, false), cpu);
-    // The copy holds the link, which streamed weights share; a decode
-    // token's CPU attention and GPU-resident KV copy nothing.
+    // The copy holds the link, which streamed weights share; GPU-resident
+    // KV copies nothing; a decode token's CPU attention copies nothing but
+    // holds the stream while it runs (the GPU waits for it, and the link
+    // gets no further ahead than the free slots).
     assert_eq!(cm.attention(0, n, n_kv, false), (host, copy));
     assert_eq!(cm.attention(0, n, n_kv, true).1, 0.0);
-    assert_eq!(cm.attention(0, 1, n_kv, false).1, 0.0);
+    assert_eq!(cm.attention(0, 1, n_kv, false), (cpu, cpu));
     // An exact plan attends on the GPU at every batch size: a decode token
     // over host KV pays the copy of its cells, on the link.
     let mut exact = cm;
@@ -864,6 +866,29 @@ fn host_kv_attention_of_a_prompt_chunk_is_priced_on_the_gpu_with_its_copy() {
     let (secs, link) = exact.attention(0, 1, n_kv, false);
     let copy1 = (per_token * n_kv) as f64 / profile.link.as_ref().unwrap().h2d_pinned;
     assert!((link - copy1).abs() < 1e-12 && secs > link, "{secs} {link} {copy1}");
+}
+
+/// R1 in Q4_K_M at 2 GiB on the H200 keeps its KV cache on the GPU, as in
+/// Q4_0: with the cache in host memory, decode attends on the CPU while the
+/// GPU and the stream wait, and the plan that did so decoded 15.2 tok/s
+/// against 26.2 with the cache on the GPU (bench/results/summary.json,
+/// call 2026-11-29-c). Priced as if the CPU's attention overlapped the
+/// copies, the planner chose the host cache (0 of 32 layers on the GPU).
+#[test]
+fn a_k_quant_plan_keeps_its_kv_cache_on_the_gpu() {
+    let profile = h200_profile();
+    for quant in [Quant::Q4_0, Quant::Q4_K_M] {
+        let info = synth::model_info("llama3.1-8b", quant).unwrap();
+        let mut req = PlanRequest::new(2 * GIB, 4352);
+        req.workload = plan::Workload {
+            prompt_tokens: 4096,
+            gen_tokens: 64,
+            speculation: None,
+            parallel: 1,
+        };
+        let p = plan::make_plan(&info, &profile, &req).unwrap();
+        assert_eq!(p.kv_gpu_layers, 32, "{quant:?}");
+    }
 }
 
 /// A server plans for the longest prompt one slot's share of the context

@@ -13,7 +13,8 @@
 # upstream's llama-bench from the pristine release (build-upstream-bench.sh),
 # and the models are written by `pipeshard synth`, all side by side.
 #
-# CASE is NAME or NAME:QUANT, QUANT a `synth --quant` scheme (default: the case's own):
+# CASE is NAME, NAME:QUANT or NAME:QUANT:MIB, QUANT a `synth --quant` scheme and MIB
+# the budget (defaults: the case's own):
 #   R1   Llama-3.1-8B shape, Q4_0, 2 GiB       upstream: fit, FFN on the CPU (-ot), full GPU
 #   R2   Qwen3-30B-A3B shape, Q4_0, 4 GiB      upstream: fit, -ncmoe N swept, all experts on the CPU, full GPU
 #   R3   gpt-oss-20b shape, MXFP4, 4 GiB       as R2
@@ -132,15 +133,17 @@ write_model() { # CASE QUANT
     [[ -f $m ]] || "$PS" synth --arch "$(case_arch "$1")" --quant "$2" -o "$m" > "$RAW/synth-$1-$2.log" 2>&1
 }
 
-profile() {
-    local gpu f
+# This GPU's committed profile, copied into a profile directory of the run's
+# own: pipeshard measures the samples a model's types lack there on its
+# first use (as on a user's machine), or a whole profile when none is
+# committed.
+profile_dir() {
+    local gpu f d=$WORK/profiles
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     f=$(ls profiles/*"$(echo "$gpu" | tr 'A-Z ' 'a-z-' | sed 's/^nvidia-//')"*t${THREADS}.yaml 2>/dev/null | head -1 || true)
-    if [[ -z $f ]]; then
-        f=$WORK/profile.yaml
-        [[ -f $f ]] || "$PS" profile --mode fast -t "$THREADS" -o "$f" > "$RAW/profile.log" 2>&1
-    fi
-    echo "$f"
+    mkdir -p "$d"
+    [[ -z $f || -f $d/$(basename "$f") ]] || cp "$f" "$d/"
+    echo "$d"
 }
 
 # Run "$@" (a logged command) into NAME.json / NAME.log under RAW.
@@ -166,10 +169,9 @@ upstream_run() { # NAME ARGS...
     record "$name" env LD_LIBRARY_PATH="$DIST/upstream/bin" "$UP" "$@" -r 1 -o json
 }
 
-run_case() { # CASE QUANT PROFILE
-    local c=$1 q=$2 prof=$3 m b free r mode
+run_case() { # CASE QUANT BUDGET_MIB
+    local c=$1 q=$2 b=$3 m free r mode
     m=$(model_path "$c" "$q")
-    b=$(case_budget_mib "$c")
     free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
     local tg=(-ngl 99 -fa 1 -t "$THREADS" -p 0 -n "$GEN" -d "$PROMPT" -m "$m")
     local fit=(-fitt $((free - b)) -fitc "$CTX")
@@ -189,7 +191,7 @@ run_case() { # CASE QUANT PROFILE
         log "$c $q $mode: warm-up peak ${peak[$mode]} bytes"
     done
     local psargs=(bench -m "$m" --vram-budget "${b}MiB" --policies pipeshard -p "$PROMPT" -n "$GEN" -r 1
-        -t "$THREADS" --tg --profile "$prof")
+        -t "$THREADS" --tg)
     local points=(-)
     case_moe "$c" && read -ra points <<< "${ROUTING:-calibrated uniform synthetic}"
     # Upstream's full-GPU TTFT at its best ubatch, chosen in an untimed sweep.
@@ -274,18 +276,20 @@ quants=()
 for spec in "$@"; do
     c=${spec%%:*}
     case_arch "$c" > /dev/null || { echo "reference: unknown case $c (R1-R5)" >&2; exit 2; }
-    q=$(case_quant "$c"); [[ $spec == *:* ]] && q=${spec#*:}
-    quants+=("$c:$q")
+    IFS=: read -r _ q b <<< "$spec"
+    quants+=("$c:${q:-$(case_quant "$c")}:${b:-$(case_budget_mib "$c")}")
 done
 # The models are written while the modules build.
-( for s in "${quants[@]}"; do write_model "${s%%:*}" "${s#*:}"; done ) &
+( for s in "${quants[@]}"; do IFS=: read -r c q _ <<< "$s"; write_model "$c" "$q"; done ) &
 writer=$!
 modules
 wait $writer || { log "writing the models failed"; exit 1; }
 log "models written"
-prof=$(profile)
+PIPESHARD_PROFILE_DIR=$(profile_dir)
+export PIPESHARD_PROFILE_DIR
 for s in "${quants[@]}"; do
-    run_case "${s%%:*}" "${s#*:}" "$prof"
+    IFS=: read -r c q b <<< "$s"
+    run_case "$c" "$q" "$b"
     save
 done
 log "done"

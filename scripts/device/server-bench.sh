@@ -3,12 +3,13 @@
 # machine, against the issue's targets: R2 (qwen3-30b-a3b shapes, Q4_0) at
 # 4 GiB, one client and 4 concurrent clients (reference case: 4096-token
 # prompt, 64 generated, context 4352 per client, F16 KV, flash attention,
-# 16 threads), and the VL preset with a 1080p image at 4 GiB. Prints each
+# 16 threads), R1 in Q4_K_M at 2 GiB with one client (context 4352), and
+# the VL preset with a 1080p image at 4 GiB. Prints each
 # client's timings, the server's /metrics gauges and the process's peak
 # device memory as nvidia-smi reports it.
 #
 # Run from the repository root with dist/ from scripts/device/pack.sh:
-#   bash scripts/device/server-bench.sh all        (or: r2, vl)
+#   bash scripts/device/server-bench.sh all        (or: r2, r1k, vl)
 # Everything lands in $PIPESHARD_WORK/results (default /root/w/results).
 set -euo pipefail
 W=${PIPESHARD_WORK:-/root/w}
@@ -19,10 +20,18 @@ P=dist/pipeshard
 S=${PIPESHARD_SERVER:-dist/pipeshard-server}
 PORT=18080
 
+# The CUDA module, and this GPU's committed profile (measured when there is none).
 prepare() {
     [[ -f dist/lib/libggml-cuda.so ]] || ( time bash dist/build-cuda.sh dist 90 ) > "$RES/build-cuda.log" 2>&1 || { tail -30 "$RES/build-cuda.log"; exit 1; }
-    [[ -f $RES/profile.yaml ]] || $P profile --mode fast -t 16 -o "$RES/profile.yaml"
-    [[ -f $W/r2.gguf ]] || $P synth --arch qwen3-30b-a3b --quant q4_0 -o "$W/r2.gguf"
+    local gpu committed
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-' | sed 's/^nvidia-//')
+    committed=$(ls profiles/*"$gpu"*t16.yaml 2>/dev/null | head -1 || true)
+    [[ -f $RES/profile.yaml ]] || { [[ -n $committed ]] && cp "$committed" "$RES/profile.yaml"; } \
+        || $P profile --mode fast -t 16 -o "$RES/profile.yaml"
+}
+
+synth() { # NAME ARCH QUANT
+    [[ -f $W/$1.gguf ]] || $P synth --arch "$2" --quant "$3" -o "$W/$1.gguf"
 }
 
 # serve NAME ARGS...: start the server, wait until it is healthy, sample the
@@ -89,7 +98,7 @@ PY
 # or ROUNDS=N for N.
 r2_1() {
     local name=$1; shift
-    prepare
+    prepare; synth r2 qwen3-30b-a3b q4_0
     (($#)) || set -- --vram-budget 4GiB
     serve "$name" -m "$W/r2.gguf" -c 4352 -np 1 "$@"
     clients 1 | tee "$RES/$name.clients"       # warm-up and target: >= 48 tok/s
@@ -99,7 +108,7 @@ r2_1() {
 }
 r2_4() {
     local name=$1; shift
-    prepare
+    prepare; synth r2 qwen3-30b-a3b q4_0
     (($#)) || set -- --vram-budget 4GiB
     serve "$name" -m "$W/r2.gguf" -c 17408 -np 4 --kv-unified "$@"
     clients 4 | tee "$RES/$name.clients"       # target: >= 95 tok/s in total
@@ -111,6 +120,16 @@ r2_4() {
 r2() {
     r2_1 r2-1
     r2_4 r2-4
+}
+
+# r1k: R1 in Q4_K_M at 2 GiB, one client, two rounds (target: within 10%
+# of `pipeshard bench`'s decode).
+r1k() {
+    prepare; synth r1k llama3.1-8b q4_k_m
+    serve r1k -m "$W/r1k.gguf" -c 4352 -np 1 --vram-budget 2GiB
+    clients 1 | tee "$RES/r1k.clients"
+    clients 1 | tee -a "$RES/r1k.clients"
+    stop r1k
 }
 
 vl() { # [NAME [EXTRA...]]
@@ -140,8 +159,7 @@ PY
 # (issue 15: the server within 10% of `run`), and /metrics' counter of the
 # weight bytes streamed.
 tiers() {
-    prepare
-    [[ -f $W/r1.gguf ]] || $P synth --arch llama3.1-8b --quant q4_0 -o "$W/r1.gguf"
+    prepare; synth r1 llama3.1-8b q4_0
     python3 scripts/device/make-prompt.py 262 > "$W/p512.txt"
     python3 scripts/device/make-prompt.py 8330 > "$W/p16k.txt"
     local p

@@ -92,6 +92,9 @@ pub enum TensorRole {
     MoeUpExps,
     /// `ffn_down_exps`: stacked expert downs.
     MoeDownExps,
+    /// `ffn_gate_up_exps`: stacked expert gates and ups in one tensor
+    /// (Gemma 4).
+    MoeGateUpExps,
     /// `ffn_gate_inp_shexp`: shared-expert gate scalar.
     SharedExpertRouter,
     /// `ffn_gate_shexp`.
@@ -105,6 +108,21 @@ pub enum TensorRole {
     AttnPostNorm,
     /// `post_ffw_norm`: norm after the FFN (Gemma).
     FfnPostNorm,
+    /// `pre_ffw_norm_2`: norm in front of the routed experts, beside the
+    /// dense FFN's `ffn_norm` (Gemma 4).
+    MoePreNorm,
+    /// `post_ffw_norm_1`: norm after the dense FFN of a MoE layer (Gemma 4).
+    FfnDensePostNorm,
+    /// `post_ffw_norm_2`: norm after the routed experts (Gemma 4).
+    MoePostNorm,
+    /// `layer_output_scale`: a layer's output scalar (Gemma 4).
+    LayerOutScale,
+    /// `rope_freqs`: RoPE frequency factors, one tensor for all layers.
+    RopeFreqs,
+    /// `<weight>.scale`: a weight's per-tensor or per-expert scale (the
+    /// router's input scale and the per-expert output scale of Gemma 4,
+    /// NVFP4's second scale).
+    WeightScale,
     /// `attn_sinks`: per-head attention sink logits (gpt-oss).
     AttnSinks,
     /// `attn_gate`: output gate of a Gated-DeltaNet layer (Qwen3.5).
@@ -137,6 +155,9 @@ pub enum TensorRole {
     SsmBeta,
     /// `ssm_alpha`: Gated-DeltaNet decay projection.
     SsmAlpha,
+    /// `ssm_ba`: the write-strength and decay projections in one tensor
+    /// (Qwen3-Next).
+    SsmBetaAlpha,
     /// `ssm_norm`: gated output norm.
     SsmNorm,
     /// `ssm_out`: a recurrent layer's output projection.
@@ -148,6 +169,9 @@ pub enum TensorRole {
 impl TensorRole {
     /// Classifies a tensor by its GGUF name (`blk.N.<role>.weight|bias`).
     pub fn from_name(name: &str) -> TensorRole {
+        if name.ends_with(".scale") {
+            return TensorRole::WeightScale;
+        }
         let base = match parse_layer(name) {
             Some((_, rest)) => rest,
             None => name,
@@ -175,12 +199,18 @@ impl TensorRole {
             "ffn_gate_exps" => TensorRole::MoeGateExps,
             "ffn_up_exps" => TensorRole::MoeUpExps,
             "ffn_down_exps" => TensorRole::MoeDownExps,
+            "ffn_gate_up_exps" => TensorRole::MoeGateUpExps,
             "ffn_gate_inp_shexp" => TensorRole::SharedExpertRouter,
             "ffn_gate_shexp" => TensorRole::SharedExpertGate,
             "ffn_up_shexp" => TensorRole::SharedExpertUp,
             "ffn_down_shexp" => TensorRole::SharedExpertDown,
             "post_attention_norm" => TensorRole::AttnPostNorm,
             "post_ffw_norm" => TensorRole::FfnPostNorm,
+            "pre_ffw_norm_2" => TensorRole::MoePreNorm,
+            "post_ffw_norm_1" => TensorRole::FfnDensePostNorm,
+            "post_ffw_norm_2" => TensorRole::MoePostNorm,
+            "layer_output_scale" => TensorRole::LayerOutScale,
+            "rope_freqs" => TensorRole::RopeFreqs,
             "attn_sinks" => TensorRole::AttnSinks,
             "attn_gate" => TensorRole::AttnGate,
             "attn_q_a" => TensorRole::AttnQA,
@@ -197,6 +227,7 @@ impl TensorRole {
             "ssm_a" => TensorRole::SsmA,
             "ssm_beta" => TensorRole::SsmBeta,
             "ssm_alpha" => TensorRole::SsmAlpha,
+            "ssm_ba" => TensorRole::SsmBetaAlpha,
             "ssm_norm" => TensorRole::SsmNorm,
             "ssm_out" => TensorRole::SsmOut,
             _ => TensorRole::Other,
@@ -207,7 +238,7 @@ impl TensorRole {
     pub fn is_routed_expert(self) -> bool {
         matches!(
             self,
-            TensorRole::MoeGateExps | TensorRole::MoeUpExps | TensorRole::MoeDownExps
+            TensorRole::MoeGateExps | TensorRole::MoeUpExps | TensorRole::MoeDownExps | TensorRole::MoeGateUpExps
         )
     }
 
@@ -221,6 +252,7 @@ impl TensorRole {
                 | TensorRole::SsmA
                 | TensorRole::SsmBeta
                 | TensorRole::SsmAlpha
+                | TensorRole::SsmBetaAlpha
                 | TensorRole::SsmNorm
                 | TensorRole::SsmOut
         )
@@ -786,9 +818,18 @@ mod tests {
             ("blk.1.ssm_a", SsmA, Some(1)),
             ("blk.1.ssm_beta.weight", SsmBeta, Some(1)),
             ("blk.1.ssm_alpha.weight", SsmAlpha, Some(1)),
+            ("blk.1.ssm_ba.weight", SsmBetaAlpha, Some(1)),
             ("blk.1.ssm_norm.weight", SsmNorm, Some(1)),
             ("blk.1.ssm_out.weight", SsmOut, Some(1)),
-            ("rope_freqs.weight", Other, None),
+            ("blk.1.ffn_gate_up_exps.weight", MoeGateUpExps, Some(1)),
+            ("blk.1.pre_ffw_norm_2.weight", MoePreNorm, Some(1)),
+            ("blk.1.post_ffw_norm_1.weight", FfnDensePostNorm, Some(1)),
+            ("blk.1.post_ffw_norm_2.weight", MoePostNorm, Some(1)),
+            ("blk.1.layer_output_scale.weight", LayerOutScale, Some(1)),
+            ("blk.1.ffn_gate_inp.scale", WeightScale, Some(1)),
+            ("blk.1.ffn_down_exps.scale", WeightScale, Some(1)),
+            ("rope_freqs.weight", RopeFreqs, None),
+            ("blk.1.mystery.weight", Other, Some(1)),
             ("v.blk.0.attn_q.weight", Other, None),
             ("blk.x.attn_q.weight", Other, None),
         ];

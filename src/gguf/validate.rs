@@ -616,12 +616,8 @@ fn check_experts(f: &GgufFile, arch: &str, n_layer: u32) -> Result<(), HparamErr
         let role = TensorRole::from_name(&t.name);
         let n = match role {
             // gpt-oss's expert biases hold one row per expert
-            TensorRole::MoeGateExps | TensorRole::MoeUpExps | TensorRole::MoeDownExps if t.name.ends_with(".bias") => {
-                t.dims.get(1).copied().unwrap_or(1)
-            }
-            TensorRole::MoeGateExps | TensorRole::MoeUpExps | TensorRole::MoeDownExps => {
-                t.dims.get(2).copied().unwrap_or(1)
-            }
+            r if r.is_routed_expert() && t.name.ends_with(".bias") => t.dims.get(1).copied().unwrap_or(1),
+            r if r.is_routed_expert() => t.dims.get(2).copied().unwrap_or(1),
             TensorRole::MoeRouter if t.name.ends_with(".weight") && t.dims.len() == 2 => t.dims[1],
             _ => continue,
         };
@@ -658,10 +654,7 @@ fn check_experts_per_layer(f: &GgufFile, arch: &str, k_used: &str, used: &[u32])
     let per_layer = EXPERTS_USED_PER_LAYER.contains(&arch);
     for t in f.tensors() {
         let role = TensorRole::from_name(&t.name);
-        if !matches!(
-            role,
-            TensorRole::MoeRouter | TensorRole::MoeGateExps | TensorRole::MoeUpExps | TensorRole::MoeDownExps
-        ) {
+        if role != TensorRole::MoeRouter && !role.is_routed_expert() {
             continue;
         }
         let Some((il, _)) = parse_layer(&t.name) else { continue };

@@ -648,10 +648,22 @@ impl<'a> CostModel<'a> {
         if kv_on_gpu {
             return (on(Device::Gpu), 0.0);
         }
+        if !self.profile.has_gpu() {
+            return (on(Device::Cpu), 0.0);
+        }
         // Small batches attend where their projections ran: on the CPU,
         // unless the plan is exact and runs every projection on the GPU.
-        if (n < GPU_ATTENTION_MIN_BATCH && !self.gpu_only) || !self.profile.has_gpu() {
-            return (on(Device::Cpu), 0.0);
+        // The GPU waits for that layer's attention, and the link gets no
+        // further ahead than the free streaming slots, which the weights
+        // before it have filled: the CPU's attention holds the stream as
+        // long as it runs. (Priced as overlapping the copies, R1 Q4_K_M at
+        // 2 GiB with its KV in host memory was predicted at 21.7 tok/s and
+        // decoded 15.2 on the H200, where its plan with the KV on the GPU
+        // decoded 26.2; Gemma-3-27B Q4_K_M at 8 GiB, 10.3 predicted and 5.0
+        // measured; bench/results/summary.json, calls 2026-11-29-a, -c.)
+        if n < GPU_ATTENTION_MIN_BATCH && !self.gpu_only {
+            let s = on(Device::Cpu);
+            return (s, s);
         }
         let per_token = self
             .model

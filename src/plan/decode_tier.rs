@@ -25,7 +25,7 @@ use super::cost::{is_host_only, CostModel, Streaming};
 use super::evaluate::Evaluator;
 use super::expert_cache::decode_room;
 use super::{planned_compute, Exec, Plan, PlanRequest};
-use crate::gguf::{ModelInfo, TensorRole};
+use crate::gguf::ModelInfo;
 
 /// Memory of the freed compute buffers left unused for what the decode
 /// tier's new graphs hold outside llama.cpp's buffers: CUDA graphs captured
@@ -78,14 +78,6 @@ impl DecodeTier {
     }
 }
 
-/// Routed-expert tensors, which a layer makes resident together.
-fn is_expert(role: TensorRole) -> bool {
-    matches!(
-        role,
-        TensorRole::MoeGateExps | TensorRole::MoeUpExps | TensorRole::MoeDownExps
-    )
-}
-
 /// The decode tier of `plan`, made by [`super::make_plan`] for `req`; None
 /// when decode runs at the prompt's ubatch, when a vision encoder uses the
 /// compute buffers' place, with llama.cpp's synchronous streaming (its
@@ -128,10 +120,10 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
         if resident[k] || is_host_only(t) {
             continue;
         }
-        if let (true, Some(layer)) = (is_expert(t.role), t.layer) {
+        if let (true, Some(layer)) = (t.role.is_routed_expert(), t.layer) {
             if let Some(u) = units.iter_mut().find(|u| {
                 let f = &model.tensors[ev.tensors[u[0]]];
-                is_expert(f.role) && f.layer == Some(layer)
+                f.role.is_routed_expert() && f.layer == Some(layer)
             }) {
                 u.push(k);
                 continue;

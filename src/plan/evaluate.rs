@@ -83,6 +83,12 @@ pub struct Evaluator {
     /// Per tensor: it stays in host memory whatever the budget (see
     /// `Evaluator::new`, the routers of a plan whose slots decode together).
     host_only: Vec<bool>,
+    /// Per tensor: it has a bias (gpt-oss, GLM). The bias stays with its
+    /// layer, on the GPU from `kv_gpu_from` (llama.cpp's offloaded layers)
+    /// and in host memory before, and llama.cpp's scheduler runs the add
+    /// where the bias is: a weight computed on the other side crosses to it
+    /// and back.
+    biased: Vec<bool>,
     pub workload: Workload,
     pub ubatch: u32,
 }
@@ -305,6 +311,19 @@ impl Evaluator {
         // evidently no longer all routed), against 42-45 ms with them
         // streamed, the plan otherwise the same (CHANGELOG.md, session 11).
         let routers_stream = par > 1 && cm.routed_max_tokens >= par;
+        let biases: std::collections::HashSet<&str> = model
+            .tensors
+            .iter()
+            .filter(|t| t.is_bias())
+            .map(|t| t.name.as_str())
+            .collect();
+        let biased = tensors
+            .iter()
+            .map(|&i| {
+                let stem = model.tensors[i].name.strip_suffix(".weight");
+                stem.is_some_and(|s| biases.contains(format!("{s}.bias").as_str()))
+            })
+            .collect();
         let host_only = tensors
             .iter()
             .map(|&i| {
@@ -356,6 +375,7 @@ impl Evaluator {
             first_mask_s,
             ubatch_s: cm.overheads.ubatch_s,
             host_only,
+            biased,
             workload,
             ubatch: u,
         }
@@ -656,6 +676,9 @@ impl Evaluator {
                 }
                 // The CPU part of hybrid experts comes between GPU work, like an op on the CPU.
                 visit(!matches!(e, Exec::Cpu | Exec::Hybrid));
+            }
+            if let (true, Some(l)) = (self.biased[k], layer) {
+                visit(l >= self.kv_gpu_from);
             }
         }
         if si == self.single {

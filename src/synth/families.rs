@@ -5,7 +5,7 @@
 
 use super::presets::{bias, norm, weight, ArchPreset, TensorSpec};
 use super::quantize::Init;
-use crate::gguf::GgufValue;
+use crate::gguf::{GgufArray, GgufValue};
 
 /// The layout of a preset's blocks.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,6 +25,12 @@ pub enum Family {
         /// `attention.sliding_window`.
         sliding_window: u32,
     },
+    /// `gemma4`, its MoE variant: Q/K norms and a V norm without weight,
+    /// five sliding-window layers to one global with wider heads and fewer
+    /// KV heads (K and V of one projection there), and in every layer a
+    /// dense FFN beside the routed experts (their gate and up in one
+    /// tensor), each with its own norms.
+    Gemma4(Gemma4),
     /// `qwen35moe`: Gated-DeltaNet (recurrent) layers with one full
     /// attention layer in every `full_attention_interval`, a gated Q
     /// projection, and MoE with a gated shared expert in every layer.
@@ -62,6 +68,31 @@ pub struct GatedDeltaNet {
     pub n_ff_shexp: u64,
     /// `rope.dimension_count` (partial rotary).
     pub n_rot: u64,
+}
+
+/// The global layers and the sliding window of `gemma4`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemma4 {
+    /// `attention.sliding_window`.
+    pub sliding_window: u32,
+    /// Every n-th layer is global (`layer_types`), the others slide.
+    pub global_interval: u32,
+    /// Head size of the global layers (`global_head_dim`); the preset's
+    /// `head_dim` is the sliding layers'.
+    pub head_dim_global: u64,
+    /// KV heads of the global layers (`num_global_key_value_heads`).
+    pub n_head_kv_global: u64,
+    /// `rope.freq_base_swa`.
+    pub rope_theta_swa: f32,
+    /// `final_logit_softcapping`.
+    pub final_logit_softcapping: f32,
+}
+
+impl Gemma4 {
+    /// Whether layer `il` uses the sliding window.
+    pub fn is_swa(&self, il: u32) -> bool {
+        (il + 1) % self.global_interval != 0
+    }
 }
 
 /// Multi-head latent attention dimensions (`deepseek2`).
@@ -105,12 +136,18 @@ pub fn tensors(p: &ArchPreset) -> Vec<TensorSpec> {
         dims: vec![e, p.n_vocab],
         init: Init::Random { sigma: 0.02 },
     }];
+    if let Family::Gemma4(g) = p.family {
+        // the global layers' RoPE frequency factors (upstream: 1 for the
+        // rotated quarter, 1e30 for the rest; all rotated here)
+        v.push(norm("rope_freqs.weight".into(), g.head_dim_global / 2));
+    }
     for i in 0..p.n_layer {
         let n = |s: &str| format!("blk.{i}.{s}");
         match p.family {
             Family::Plain => unreachable!("plain presets lay out their own blocks"),
             Family::GptOss { .. } => gpt_oss_block(p, &n, &mut v),
             Family::Gemma3 { .. } => gemma3_block(p, &n, &mut v),
+            Family::Gemma4(g) => gemma4_block(p, &g, i, &n, &mut v),
             Family::Qwen35Moe(g) => qwen35moe_block(p, &g, i, &n, &mut v),
             Family::Glm4Moe {
                 n_dense_lead,
@@ -187,6 +224,39 @@ fn gemma3_block(p: &ArchPreset, n: &dyn Fn(&str) -> String, v: &mut Vec<TensorSp
     v.push(norm(n("ffn_norm.weight"), e));
     ffn(e, p.n_ff, "", n, v);
     v.push(norm(n("post_ffw_norm.weight"), e));
+}
+
+fn gemma4_block(p: &ArchPreset, g: &Gemma4, il: u32, n: &dyn Fn(&str) -> String, v: &mut Vec<TensorSpec>) {
+    let (e, f, x) = (p.n_embd, p.n_ff_exp, u64::from(p.n_expert));
+    let swa = g.is_swa(il);
+    let (hd, kv) = if swa {
+        (p.head_dim, p.n_head_kv)
+    } else {
+        (g.head_dim_global, g.n_head_kv_global)
+    };
+    v.push(norm(n("attn_norm.weight"), e));
+    v.push(weight(n("attn_q.weight"), &[e, hd * p.n_head]));
+    v.push(weight(n("attn_k.weight"), &[e, hd * kv]));
+    if swa {
+        // a global layer's V is its K (attention_k_eq_v)
+        v.push(weight(n("attn_v.weight"), &[e, hd * kv]));
+    }
+    v.push(weight(n("attn_output.weight"), &[hd * p.n_head, e]));
+    v.push(norm(n("attn_q_norm.weight"), hd));
+    v.push(norm(n("attn_k_norm.weight"), hd));
+    v.push(norm(n("post_attention_norm.weight"), e));
+    v.push(norm(n("layer_output_scale.weight"), 1));
+    v.push(norm(n("ffn_norm.weight"), e));
+    ffn(e, p.n_ff, "", n, v);
+    v.push(norm(n("post_ffw_norm.weight"), e));
+    v.push(weight(n("ffn_gate_inp.weight"), &[e, x]));
+    v.push(norm(n("ffn_gate_inp.scale"), e));
+    v.push(norm(n("pre_ffw_norm_2.weight"), e));
+    v.push(norm(n("post_ffw_norm_1.weight"), e));
+    v.push(norm(n("post_ffw_norm_2.weight"), e));
+    v.push(weight(n("ffn_gate_up_exps.weight"), &[e, 2 * f, x]));
+    v.push(weight(n("ffn_down_exps.weight"), &[f, e, x]));
+    v.push(norm(n("ffn_down_exps.scale"), x));
 }
 
 fn qwen35moe_block(p: &ArchPreset, g: &GatedDeltaNet, il: u32, n: &dyn Fn(&str) -> String, v: &mut Vec<TensorSpec>) {
@@ -276,6 +346,29 @@ pub fn metadata(p: &ArchPreset, kv: &mut Vec<(String, GgufValue)>) {
         }
         Family::Gemma3 { sliding_window } => {
             set(kv, k("attention.sliding_window"), sliding_window.into());
+        }
+        Family::Gemma4(g) => {
+            let global = |il: u32| !g.is_swa(il);
+            let heads_kv = (0..p.n_layer)
+                .map(|il| if global(il) { g.n_head_kv_global } else { p.n_head_kv } as i32)
+                .collect();
+            let pattern = (0..p.n_layer).map(|il| g.is_swa(il)).collect();
+            set(kv, k("attention.head_count_kv"), GgufArray::I32(heads_kv).into());
+            set(kv, k("attention.sliding_window"), g.sliding_window.into());
+            set(
+                kv,
+                k("attention.sliding_window_pattern"),
+                GgufArray::Bool(pattern).into(),
+            );
+            set(kv, k("attention.key_length"), u(g.head_dim_global));
+            set(kv, k("attention.value_length"), u(g.head_dim_global));
+            set(kv, k("attention.key_length_swa"), u(p.head_dim));
+            set(kv, k("attention.value_length_swa"), u(p.head_dim));
+            set(kv, k("attention.shared_kv_layers"), 0u32.into());
+            set(kv, k("rope.dimension_count_swa"), u(p.head_dim));
+            set(kv, k("rope.freq_base_swa"), g.rope_theta_swa.into());
+            set(kv, k("embedding_length_per_layer_input"), 0u32.into());
+            set(kv, k("final_logit_softcapping"), g.final_logit_softcapping.into());
         }
         Family::Qwen35Moe(g) => {
             set(kv, k("expert_shared_feed_forward_length"), u(g.n_ff_shexp));

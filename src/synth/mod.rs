@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use crate::gguf::writer::FILE_BUFFER_BYTES;
 use crate::gguf::{GgmlType, GgufValue, GgufWriteError, GgufWriter};
 
-pub use presets::{by_name, ArchPreset, Family, GatedDeltaNet, Mla, TensorSpec, UnknownPreset, VisionPreset};
+pub use presets::{by_name, ArchPreset, Family, GatedDeltaNet, Gemma4, Mla, TensorSpec, UnknownPreset, VisionPreset};
 pub use quantize::{Init, MixContext, Quant};
 pub use tokenizer::TokenizerError;
 
@@ -506,7 +506,12 @@ mod tests {
                 // the family's own head layout (MLA's one latent KV head)
                 let key = |k: &str| f.get_u64(&format!("{}.{k}", preset.arch));
                 assert_eq!(Some(m.head_dim_k), key("attention.key_length"));
-                assert_eq!(Some(u64::from(m.n_head_kv[0])), key("attention.head_count_kv"));
+                let heads_kv = f.get_array(&format!("{}.attention.head_count_kv", preset.arch));
+                let heads_kv = heads_kv.and_then(|a| a.to_u64_vec()).map(|v| v[0]);
+                assert_eq!(
+                    Some(u64::from(m.n_head_kv[0])),
+                    key("attention.head_count_kv").or(heads_kv)
+                );
                 assert_eq!(m.n_vocab, Some(preset.n_vocab));
                 assert_eq!(m.n_expert, preset.n_expert);
                 assert_eq!(m.n_params(), preset.n_params());

@@ -5,7 +5,7 @@
 //! `load_arch_tensors`, `tools/mtmd/clip.cpp`); shapes are listed ggml-style,
 //! row length first.
 
-pub use super::families::{Family, GatedDeltaNet, Mla};
+pub use super::families::{Family, GatedDeltaNet, Gemma4, Mla};
 use super::quantize::Init;
 use super::tokenizer::{TokenizerKind, TokenizerSpec};
 use crate::gguf::GgufArray;
@@ -17,7 +17,7 @@ pub struct ArchPreset {
     /// Preset name (`llama3.1-8b`, `tiny-qwen3-30b-a3b`, …).
     pub name: &'static str,
     /// `general.architecture` (`llama`, `qwen3`, `qwen3moe`, `qwen2vl`,
-    /// `gpt-oss`, `qwen35moe`, `gemma3`, `glm4moe`, `deepseek2`).
+    /// `gpt-oss`, `qwen35moe`, `gemma3`, `gemma4`, `glm4moe`, `deepseek2`).
     pub arch: &'static str,
     /// Number of transformer blocks.
     pub n_layer: u32,
@@ -408,6 +408,54 @@ fn all_presets() -> Vec<ArchPreset> {
         vision: None,
         family: Family::Gemma3 { sliding_window: 1024 },
     };
+    // google/gemma-4-26B-A4B-it, config.json text_config
+    // (https://huggingface.co/google/gemma-4-26B-A4B-it/blob/main/config.json),
+    // model_type gemma4_text, checked against the GGUF metadata of
+    // `ollama.com/library/gemma4:26b-a4b-it-q4_K_M`: 30 layers, hidden 2816,
+    // dense FFN 2112 in every layer beside 128 experts top-8 of 704, 16
+    // heads; sliding window 1024 in five layers of six with 8 KV heads of
+    // 256, the global layers 2 KV heads of 512 (global_head_dim) with K and
+    // V of one projection (attention_k_eq_v), no per-layer embeddings
+    // (hidden_size_per_layer_input 0) nor shared KV layers, vocab 262144,
+    // tied embeddings, rope_theta 1e6 (global) and 1e4 (sliding),
+    // rms_norm_eps 1e-6, final_logit_softcapping 30. The language model has
+    // 25.23e9 parameters (the card's 25.2B; Ollama's 25.8B adds the
+    // vision tower).
+    let gemma4_26b = ArchPreset {
+        name: "gemma-4-26b-a4b",
+        arch: "gemma4",
+        n_layer: 30,
+        n_embd: 2816,
+        n_ff: 2112,
+        n_head: 16,
+        n_head_kv: 8,
+        head_dim: 256,
+        n_vocab: 262_144,
+        n_ctx_train: 262_144,
+        rope_theta: 1_000_000.0,
+        rms_eps: 1e-6,
+        n_expert: 128,
+        n_expert_used: 8,
+        n_ff_exp: 704,
+        qk_norm: true,
+        qkv_bias: false,
+        tied_embeddings: true,
+        rope_sections: None,
+        tokenizer: TokenizerSpec {
+            kind: TokenizerKind::Llama3,
+            n_vocab: 262_144,
+            first_special: 261_888,
+        },
+        vision: None,
+        family: Family::Gemma4(Gemma4 {
+            sliding_window: 1024,
+            global_interval: 6,
+            head_dim_global: 512,
+            n_head_kv_global: 2,
+            rope_theta_swa: 10_000.0,
+            final_logit_softcapping: 30.0,
+        }),
+    };
     // zai-org/GLM-4.5-Air, config.json
     // (https://huggingface.co/zai-org/GLM-4.5-Air/blob/main/config.json):
     // 46 layers (the first dense, FFN 10944), hidden 4096, 96 heads of 128,
@@ -692,6 +740,34 @@ fn all_presets() -> Vec<ArchPreset> {
         family: Family::Gemma3 { sliding_window: 32 },
         ..gemma3_27b.clone()
     };
+    let tiny_gemma4_26b = ArchPreset {
+        name: "tiny-gemma-4-26b-a4b",
+        n_layer: 6,
+        n_embd: 256,
+        n_ff: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_vocab: 1024,
+        n_ctx_train: 4096,
+        n_expert: 16,
+        n_expert_used: 4,
+        n_ff_exp: 128,
+        tokenizer: TokenizerSpec {
+            kind: TokenizerKind::Llama3,
+            n_vocab: 1024,
+            first_special: 768,
+        },
+        family: Family::Gemma4(Gemma4 {
+            sliding_window: 32,
+            global_interval: 6,
+            head_dim_global: 128,
+            n_head_kv_global: 1,
+            rope_theta_swa: 10_000.0,
+            final_logit_softcapping: 30.0,
+        }),
+        ..gemma4_26b.clone()
+    };
     let tiny_glm45_air = ArchPreset {
         name: "tiny-glm-4.5-air",
         n_layer: 3,
@@ -758,6 +834,7 @@ fn all_presets() -> Vec<ArchPreset> {
         gpt_oss_120b,
         qwen36_35b,
         gemma3_27b,
+        gemma4_26b,
         glm45_air,
         deepseek_v2_lite,
         tiny_llama,
@@ -772,6 +849,7 @@ fn all_presets() -> Vec<ArchPreset> {
         tiny_gpt_oss_120b,
         tiny_qwen36_35b,
         tiny_gemma3_27b,
+        tiny_gemma4_26b,
         tiny_glm45_air,
         tiny_deepseek_v2_lite,
     ]
@@ -825,6 +903,7 @@ impl ArchPreset {
             Family::Qwen35Moe(g) => g.n_rot,
             Family::Glm4Moe { n_rot, .. } => n_rot,
             Family::Deepseek2(m) => m.qk_rope,
+            Family::Gemma4(g) => g.head_dim_global,
             Family::Plain | Family::GptOss { .. } | Family::Gemma3 { .. } => self.head_dim,
         }
     }
@@ -1095,6 +1174,7 @@ mod tests {
         for (name, billions) in [
             ("qwen3.6-35b-a3b", 34.66),
             ("gemma-3-27b", 27.01),
+            ("gemma-4-26b-a4b", 25.23),
             ("glm-4.5-air", 106.85),
             ("deepseek-v2-lite", 15.71),
         ] {
