@@ -132,6 +132,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
 
     let mut best: Option<(f64, Plan)> = None;
     let mut minimum = u64::MAX;
+    let tier_with_cache = req.decode_tier && cm.cache_locality.is_some() && model.n_expert > 0;
     for &u in &ubatches {
         // The ubatch's best configuration for the prompt's residency.
         let mut u_best: Option<(f64, Plan)> = None;
@@ -296,16 +297,19 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             };
             u_best = Some((cfg_best.0, plan));
         }
-        // With its decode tier: the tier's weights and the expert cache
-        // share the memory a prompt's compute buffers leave in decode, so
-        // the ubatch (the size of those buffers) is chosen with the tier.
-        let Some((_, mut plan)) = u_best else {
+        // With its decode tier where decode caches routed experts: the
+        // tier's weights and the expert cache share the memory a prompt's
+        // compute buffers leave in decode, so the ubatch (the size of those
+        // buffers) is chosen with the tier.
+        let Some((objective, mut plan)) = u_best else {
             continue;
         };
-        if req.decode_tier {
+        let seconds = if tier_with_cache {
             plan.decode_tier = super::decode_tier::decode_tier(model, &cm, req, &plan);
-        }
-        let seconds = super::decode_tier::planned_seconds(model, &cm, &plan);
+            super::decode_tier::planned_seconds(model, &cm, &plan)
+        } else {
+            objective
+        };
         if best.as_ref().is_some_and(|(b, p)| {
             let margin = if p.ubatch < u {
                 LARGER_UBATCH_MARGIN * p.predicted.ttft_s
@@ -323,6 +327,9 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
         minimum,
     })?;
     plan.cpu_weight_copies = cpu_weight_copies(req, &plan);
+    if req.decode_tier && !tier_with_cache {
+        plan.decode_tier = super::decode_tier::decode_tier(model, &cm, req, &plan);
+    }
     // The decode phase's own hybrid share: the tier's residency and the
     // cache's hits decide it.
     let decoding = super::evaluate::decode_phase(model, &cm, req, &plan);
