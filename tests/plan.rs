@@ -932,16 +932,22 @@ fn a_server_plans_for_the_longest_prompt_a_slot_holds() {
 }
 
 /// On the H200 host's committed profile, R2's hybrid share at 4 GiB is the
-/// one measured fastest there: 5 of 8 experts on the GPU decoded 50.3 tok/s,
-/// 4 of 8 46.8, 6 of 8 45.0 and 3 of 8 42.1, in one call on one host
-/// (CHANGELOG.md, session 9); the cost model ranks the
-/// shares of a layer in that order.
+/// one measured fastest there: without the expert cache, 5 of 8 experts on
+/// the GPU decoded 50.3 tok/s, 4 of 8 46.8, 6 of 8 45.0 and 3 of 8 42.1, in
+/// one call on one host (CHANGELOG.md, session 9); the cost model ranks the
+/// shares of a layer in that order. With the cache (patch 0040) at the
+/// calibrated routing's locality, 7 of 8 took 15.4 ms per step against 17.3
+/// at 5 (the tuner's probes, call 2026-11-29-b).
 #[test]
 fn r2_hybrid_share_on_the_h200_profile_is_the_one_measured_fastest() {
     let profile = h200_profile();
     let info = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();
-    let p = plan::make_plan(&info, &profile, &PlanRequest::new(4 * GIB, 4352)).unwrap();
+    let mut req = PlanRequest::new(4 * GIB, 4352);
+    req.cache_locality = None;
+    let p = plan::make_plan(&info, &profile, &req).unwrap();
     assert_eq!(p.hybrid_gpu_experts, 5);
+    let cached = plan::make_plan(&info, &profile, &PlanRequest::new(4 * GIB, 4352)).unwrap();
+    assert_eq!(cached.hybrid_gpu_experts, 7);
 
     let cm = plan::CostModel::new(
         &info,
@@ -1253,7 +1259,7 @@ fn the_decode_split_tuned_at_run_time_starts_from_the_cost_models_share() {
     let p = plan::make_plan(&info, &h200_profile(), &PlanRequest::new(4 * GIB, 4352)).unwrap();
     assert_eq!(
         SplitKnob::of(&p, info.n_expert_used, false),
-        Some(SplitKnob::Experts { start: 5, max: 7 })
+        Some(SplitKnob::Experts { start: 7, max: 7 })
     );
     assert_eq!(
         SplitKnob::of(&p, info.n_expert_used, true),
@@ -1284,7 +1290,7 @@ fn the_decode_split_tuned_at_run_time_starts_from_the_cost_models_share() {
     let moe = plan::apply::policies(&four).moe_split.expect("a hybrid split");
     assert_eq!((moe(hybrid_layer, 1), moe(hybrid_layer, p.ubatch)), (4, 0));
     let switch = plan::PolicySwitch::new(&p);
-    assert_eq!(switch.moe_split(hybrid_layer, 1), 5);
+    assert_eq!(switch.moe_split(hybrid_layer, 1), 7);
     switch.switch(&four);
     assert_eq!(switch.moe_split(hybrid_layer, 1), 4);
 
@@ -1400,7 +1406,12 @@ fn reference_request(budget: u64, gen: u64) -> PlanRequest {
 fn the_decode_tier_fills_the_prompts_compute_buffers_with_weights() {
     for (preset, budget, gen) in [("llama3.1-8b", 2 * GIB, 64), ("qwen3-30b-a3b", 4 * GIB, 512)] {
         let info = synth::model_info(preset, Quant::Q4_0).unwrap();
-        let p = plan::make_plan(&info, &h200_profile(), &reference_request(budget, gen)).unwrap();
+        // R2's expert cache keeps that memory, where it is worth more than
+        // the weights (tests/expert_cache.rs); without the cache the tier
+        // takes it.
+        let mut req = reference_request(budget, gen);
+        req.cache_locality = None;
+        let p = plan::make_plan(&info, &h200_profile(), &req).unwrap();
         let tier = p
             .decode_tier
             .clone()
@@ -1483,28 +1494,34 @@ fn the_decode_tier_fills_the_prompts_compute_buffers_with_weights() {
         let one = p.decoding(1);
         assert_eq!(one.vram.weights, p.vram.weights + tier.units[0].bytes);
 
-        let mut off = reference_request(budget, gen);
+        let mut off = req.clone();
         off.decode_tier = false;
         assert_eq!(plan::make_plan(&info, &h200_profile(), &off).unwrap().decode_tier, None);
     }
 }
 
 /// The switch into the decode tier costs each prompt its copies and ~1.5
-/// ms per layer (CHANGELOG.md, session 14): for R2's 64 generated tokens the 4-5%
-/// faster steps do not pay for it, so no tier is planned; for 512 they do.
-/// R1's tier pays at 64.
+/// ms per layer (CHANGELOG.md, session 14): without the expert cache, at ub
+/// 2048, for R2's 64 generated tokens the 4-5% faster steps do not pay for
+/// it, so no tier is planned; for 512 they do. R1's tier pays at 64.
 #[test]
 fn the_decode_tier_is_planned_only_where_it_pays_for_its_switch() {
     let r2 = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();
-    let short = plan::make_plan(&r2, &h200_profile(), &reference_request(4 * GIB, 64)).unwrap();
+    let uncached = |gen: u64| {
+        let mut r = reference_request(4 * GIB, gen);
+        r.cache_locality = None;
+        r.ubatch = Some(2048);
+        r
+    };
+    let short = plan::make_plan(&r2, &h200_profile(), &uncached(64)).unwrap();
     assert_eq!(short.decode_tier, None);
-    let long = plan::make_plan(&r2, &h200_profile(), &reference_request(4 * GIB, 512)).unwrap();
+    let long = plan::make_plan(&r2, &h200_profile(), &uncached(512)).unwrap();
     assert!(long.decode_tier.is_some());
     let r1 = synth::model_info("llama3.1-8b", Quant::Q4_0).unwrap();
     let p = plan::make_plan(&r1, &h200_profile(), &reference_request(2 * GIB, 64)).unwrap();
     assert!(p.decode_tier.is_some());
     // Without the switch's cost R2's tier would be planned for 64 tokens too.
-    let mut free = reference_request(4 * GIB, 64);
+    let mut free = uncached(64);
     free.overheads.decode_tier_layer_s = 0.0;
     assert!(plan::make_plan(&r2, &h200_profile(), &free)
         .unwrap()

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::expert_cache::Locality;
 use crate::gguf::{GgmlType, ModelInfo, ModelTensor, TensorRole};
 use crate::profile::{Device, MachineProfile};
 
@@ -79,6 +80,24 @@ impl std::ops::AddAssign for SplitParts {
         self.gpu += o.gpu;
         self.link += o.link;
         self.bytes += o.bytes;
+    }
+}
+
+/// One layer's hybrid experts in parts (see [`CostModel::hybrid_parts`]):
+/// the GPU's seconds besides its copies, the copies of its experts, and the
+/// CPU's seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HybridParts {
+    pub gpu: f64,
+    pub copies: f64,
+    pub cpu: f64,
+}
+
+impl HybridParts {
+    /// Seconds of the layer when the expert cache holds `hits` of the
+    /// experts the GPU computes: the longer of the two parts.
+    pub fn seconds(&self, hits: f64) -> f64 {
+        (self.gpu + (1.0 - hits.clamp(0.0, 1.0)) * self.copies).max(self.cpu)
     }
 }
 
@@ -207,6 +226,9 @@ pub struct CostModel<'a> {
     /// GPU math only ([`crate::plan::PlanRequest::exact`]): host weights
     /// always stream, never run on the CPU or split with it.
     pub gpu_only: bool,
+    /// The routing locality that prices the expert cache (patch 0040) in
+    /// decode; None prices every routed expert as copied.
+    pub cache_locality: Option<Locality>,
 }
 
 /// A tensor the planner has no role for stays resident with its layer up to
@@ -256,6 +278,7 @@ impl<'a> CostModel<'a> {
             hybrid_gpu_experts,
             dense_split: None,
             gpu_only: false,
+            cache_locality: None,
         };
         cm.routed_max_tokens = cm.find_routed_max_tokens();
         cm
@@ -388,31 +411,56 @@ impl<'a> CostModel<'a> {
     /// Seconds of one layer's routed experts (`experts`: its expert weight
     /// tensors, all in host memory) for a ubatch of `n` tokens when the GPU
     /// copies and computes `k` of each token's routed experts while the CPU
-    /// computes the others (patch 0006): the longer of the two parts. The
-    /// CPU's part starts once the host has issued the GPU's copies and
-    /// launches, and shares host memory with those copies
-    /// ([`Overheads::hybrid_cpu_contention`]).
+    /// computes the others (patch 0006): the longer of the two parts, every
+    /// expert the GPU computes copied (see [`CostModel::hybrid_parts`]).
     pub fn hybrid_seconds(&self, experts: &[&ModelTensor], n: u64, k: u32) -> f64 {
+        self.hybrid_parts(experts, n, k).seconds(0.0)
+    }
+
+    /// The parts of [`CostModel::hybrid_seconds`]. The CPU's part starts
+    /// once the host has issued the GPU's copies and launches, and shares
+    /// host memory with those copies
+    /// ([`Overheads::hybrid_cpu_contention`]).
+    pub fn hybrid_parts(&self, experts: &[&ModelTensor], n: u64, k: u32) -> HybridParts {
         let bw = self.link_bw();
         if bw <= 0.0 {
-            return f64::INFINITY;
+            return HybridParts {
+                gpu: f64::INFINITY,
+                copies: 0.0,
+                cpu: f64::INFINITY,
+            };
         }
         let used = self.model.n_expert_used.max(1) as u64;
         let per_expert = k as f64 / self.model.n_expert.max(1) as f64;
         let touched = 1.0 - (1.0 - per_expert).powf(n as f64);
         // The GPU part starts once the router's ids are read; the CPU
         // part's activations cross to the host and its sum back.
-        let mut gpu = self.overheads.device_switch_s;
-        let mut cpu = 2.0 * self.overheads.device_switch_s;
+        let mut p = HybridParts {
+            gpu: self.overheads.device_switch_s,
+            copies: 0.0,
+            cpu: 2.0 * self.overheads.device_switch_s,
+        };
         for t in experts {
-            gpu += t.nbytes as f64 * touched / bw
-                + self.overheads.stream_issue_s
-                + self.experts_seconds(t, n, Device::Gpu, k as u64);
-            cpu += self.overheads.stream_issue_s
+            p.copies += t.nbytes as f64 * touched / bw;
+            p.gpu += self.overheads.stream_issue_s + self.experts_seconds(t, n, Device::Gpu, k as u64);
+            p.cpu += self.overheads.stream_issue_s
                 + self.overheads.hybrid_cpu_contention
                     * self.experts_seconds(t, n, Device::Cpu, used.saturating_sub(k as u64).max(1));
         }
-        gpu.max(cpu)
+        p
+    }
+
+    /// The shares of each token's experts the GPU may compute in a hybrid
+    /// split: the one asked for, or every one from 1 to all but one; none
+    /// where the split is off.
+    pub fn hybrid_shares(&self) -> Vec<u32> {
+        let used = self.model.n_expert_used;
+        match self.hybrid_gpu_experts {
+            _ if used < 2 => Vec::new(),
+            Some(0) => Vec::new(),
+            Some(k) => vec![k.clamp(1, used - 1)],
+            None => (1..used).collect(),
+        }
     }
 
     /// The best hybrid split of a layer's routed experts for a ubatch of `n`
@@ -420,23 +468,23 @@ impl<'a> CostModel<'a> {
     /// seconds; `None` where the split does not apply (the routed copies
     /// need streaming slots and a ubatch within `routed_max_tokens`).
     pub fn best_hybrid(&self, experts: &[&ModelTensor], n: u64) -> Option<(u32, f64)> {
-        let used = self.model.n_expert_used;
-        if self.gpu_only
-            || self.streaming == Streaming::Synchronous
-            || n > self.routed_max_tokens
-            || used < 2
-            || experts.is_empty()
-        {
+        if !self.hybrid_applies(experts, n) {
             return None;
         }
-        let ks: Vec<u32> = match self.hybrid_gpu_experts {
-            Some(0) => return None,
-            Some(k) => vec![k.clamp(1, used - 1)],
-            None => (1..used).collect(),
-        };
-        ks.into_iter()
+        self.hybrid_shares()
+            .into_iter()
             .map(|k| (k, self.hybrid_seconds(experts, n, k)))
             .min_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
+    /// Whether a hybrid split of `experts` may run for a ubatch of `n`
+    /// tokens (see [`CostModel::best_hybrid`]).
+    pub fn hybrid_applies(&self, experts: &[&ModelTensor], n: u64) -> bool {
+        !(self.gpu_only
+            || self.streaming == Streaming::Synchronous
+            || n > self.routed_max_tokens
+            || experts.is_empty()
+            || self.hybrid_shares().is_empty())
     }
 
     /// Whether a host weight may split by rows between the CPU and the GPU

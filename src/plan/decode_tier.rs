@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cost::{is_host_only, CostModel, Streaming};
 use super::evaluate::Evaluator;
+use super::expert_cache::decode_room;
 use super::{planned_compute, Exec, Plan, PlanRequest};
 use crate::gguf::ModelInfo;
 
@@ -96,7 +97,7 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
         .saturating_sub(compute)
         .saturating_sub(DECODE_TIER_MARGIN);
 
-    let ev = Evaluator::new(model, cm, plan.workload, plan.ubatch, plan.kv_gpu_layers);
+    let mut ev = Evaluator::new(model, cm, plan.workload, plan.ubatch, plan.kv_gpu_layers);
     let mut resident: Vec<bool> = ev
         .tensors
         .iter()
@@ -106,6 +107,12 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
                 .any(|t| t.resident && t.name == model.tensors[i].name)
         })
         .collect();
+    // Without the tier the expert cache keeps what the prompt's compute
+    // buffers leave unused in decode; in the tier only what the smaller
+    // ones leave, which the tier's weights must more than make up for.
+    ev.price_cache(model, cm, decode_room(model, req, plan.vram.compute), plan.stream_slots);
+    let before = 1.0 / ev.decode_speed(&resident).0.max(1e-12);
+    ev.price_cache(model, cm, decode_room(model, req, compute), plan.stream_slots);
     // Candidate units, as indices into `ev.tensors`.
     let mut units: Vec<Vec<usize>> = Vec::new();
     for (k, &i) in ev.tensors.iter().enumerate() {
@@ -125,7 +132,7 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
         units.push(vec![k]);
     }
     let size = |u: &[usize]| -> u64 { u.iter().map(|&k| model.tensors[ev.tensors[k]].cuda_alloc_size()).sum() };
-    let step_s = |res: &[bool]| 1.0 / ev.evaluate(res).decode_tok_s.max(1e-12);
+    let step_s = |res: &[bool]| 1.0 / ev.decode_speed(res).0.max(1e-12);
     // Decode steps of the workload (per sequence where several decode
     // together: `decode_tok_s` is theirs in total), and the copy of a
     // unit's bytes, which each prompt pays again.
@@ -134,8 +141,7 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
     let copy_s = |bytes: u64| if link > 0.0 { bytes as f64 / link } else { f64::INFINITY };
 
     let mut chosen: Vec<DecodeUnit> = Vec::new();
-    let before = step_s(&resident);
-    let mut now = before;
+    let mut now = step_s(&resident);
     // First the freed memory, then the allowances beyond it; the step with
     // the planned units, and how many they are.
     let mut planned = (now, 0);
@@ -197,6 +203,21 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
         units: chosen,
         predicted_decode_tok_s: 1.0 / now,
     })
+}
+
+/// Predicted seconds of `plan`'s workload with its decode tier, if any:
+/// the prompt, the switch into the tier and its copies, then the generated
+/// tokens at the tier's speed.
+pub fn planned_seconds(model: &ModelInfo, cm: &CostModel<'_>, plan: &Plan) -> f64 {
+    let Some(tier) = &plan.decode_tier else {
+        return plan.predicted_seconds();
+    };
+    let link = cm.link_bw().max(1e-12);
+    let switch_s = cm.overheads.decode_tier_layer_s * model.n_layer as f64;
+    plan.predicted.ttft_s
+        + switch_s
+        + tier.bytes() as f64 / link
+        + plan.workload.gen_tokens as f64 / tier.predicted_decode_tok_s.max(1e-12)
 }
 
 impl Plan {

@@ -2,9 +2,15 @@
 //! configuration (ubatch size, KV layers) and a placement is then priced by
 //! table look-ups, so the optimizer can compare thousands of placements.
 
-use super::cost::{is_host_only, is_placeable, CostModel, Exec, SplitParts, Streaming};
+use super::cost::{is_host_only, is_placeable, CostModel, Exec, HybridParts, SplitParts, Streaming};
+use super::expert_cache::decode_room;
+use super::expert_cache::{positions, ExpertCachePlan, Locality};
+use super::PlanRequest;
 use super::{tier_index, Plan, Prediction, SpeculationPrediction, Workload};
 use crate::gguf::{ModelInfo, ModelTensor, TensorRole};
+
+/// Device buffers are aligned to this (ggml-cuda's buffer alignment).
+pub const SLOT_ALIGN: u64 = 128;
 
 /// Op times of every placeable tensor for one configuration.
 pub struct Evaluator {
@@ -42,6 +48,11 @@ pub struct Evaluator {
     /// How many of each token's routed experts hybrid layers run on the
     /// GPU in single-token decode (0: none is hybrid).
     hybrid_k: u32,
+    /// The hybrid layers of single-token decode: their expert tensors, and
+    /// their parts for each share the GPU may take.
+    hybrid: Vec<HybridLayer>,
+    /// The expert cache in single-token decode, where it is priced.
+    cache: Option<CachePricing>,
     /// Per tensor: its row split's parts in single-token decode (patch
     /// 0017), where it may split when in host memory.
     split: Vec<Option<SplitParts>>,
@@ -64,6 +75,11 @@ pub struct Evaluator {
     first_mask_s: f64,
     /// Seconds between two prompt ubatches (see `Overheads::ubatch_s`).
     ubatch_s: f64,
+    /// Per tensor: its device bytes.
+    vram: Vec<u64>,
+    /// Per tensor: it goes through the streaming slots in some tier when
+    /// in host memory (see [`Evaluator::streams`]).
+    streams: Vec<bool>,
     /// Per tensor: it stays in host memory whatever the budget (see
     /// `Evaluator::new`, the routers of a plan whose slots decode together).
     host_only: Vec<bool>,
@@ -207,6 +223,7 @@ impl Evaluator {
         let mut siblings = vec![Vec::new(); tensors.len()];
         let mut unsplit = vec![vec![None; tensors.len()]; sizes.len()];
         let mut hybrid_k = 0;
+        let mut hybrid = Vec::new();
         for l in 0..model.n_layer {
             let group: Vec<usize> = (0..tensors.len())
                 .filter(|&k| {
@@ -226,6 +243,11 @@ impl Evaluator {
             let Some((gpu_experts, secs)) = cm.best_hybrid(&weights, 1) else {
                 continue;
             };
+            let shares = cm
+                .hybrid_shares()
+                .into_iter()
+                .map(|k| (k, cm.hybrid_parts(&weights, 1, k)))
+                .collect();
             // A share asked for is used wherever the split applies.
             let host: f64 = group.iter().map(|&k| times[si][k].2.max(times[si][k].3)).sum();
             if secs >= host && cm.hybrid_gpu_experts.is_none() {
@@ -237,6 +259,7 @@ impl Evaluator {
                 unsplit[si][k] = Some((e, h, link));
                 times[si][k] = (r, Exec::Hybrid, secs / group.len() as f64, 0.0);
             }
+            hybrid.push(HybridLayer { group, shares });
         }
         // Dense row split: in single-token decode a host feed-forward weight
         // may give a share of its rows to the GPU, which streams them while
@@ -308,8 +331,18 @@ impl Evaluator {
                 (routers_stream && t.role == TensorRole::MoeRouter) || is_host_only(t)
             })
             .collect();
+        let streams = (0..tensors.len())
+            .map(|k| {
+                (0..times.len()).any(|si| {
+                    matches!(times[si][k].1, Exec::Stream | Exec::Hybrid)
+                        || unsplit[si][k].is_some_and(|u| u.0 == Exec::Stream)
+                }) || split[k].is_some()
+            })
+            .collect();
         Evaluator {
+            streams,
             layer: tensors.iter().map(|&i| model.tensors[i].layer).collect(),
+            vram: tensors.iter().map(|&i| model.tensors[i].cuda_alloc_size()).collect(),
             is_qkv: tensors
                 .iter()
                 .map(|&i| {
@@ -329,6 +362,8 @@ impl Evaluator {
             unsplit,
             siblings,
             hybrid_k,
+            hybrid,
+            cache: None,
             split,
             split_forced: cm.dense_split.filter(|&f| f > 0.0).map(|f| f.min(1.0)),
             cpu_rate_beside_copies,
@@ -344,6 +379,138 @@ impl Evaluator {
             workload,
             ubatch: u,
         }
+    }
+
+    /// Price the expert cache of single-token decode (patch 0040) with
+    /// `cm`'s locality, in `compute_room` bytes of compute buffers that the
+    /// decode graph leaves unused and the plan's `slots` streaming slots;
+    /// no cache without a locality.
+    pub fn price_cache(&mut self, model: &ModelInfo, cm: &CostModel<'_>, compute_room: u64, slots: u32) {
+        self.cache = cm.cache_locality.map(|locality| {
+            let n_expert = model.n_expert.max(1);
+            let per_expert = |t: &ModelTensor| {
+                if t.holds_routed_experts() {
+                    t.nbytes / u64::from(n_expert)
+                } else {
+                    0
+                }
+            };
+            let routed_copy = |t: &ModelTensor| {
+                if t.holds_routed_experts() && cm.streams_routed(t, 1) {
+                    cm.copy_seconds(t, 1) - cm.overheads.stream_issue_s
+                } else {
+                    0.0
+                }
+            };
+            CachePricing {
+                locality,
+                compute_room,
+                slots,
+                expert_bytes: self.tensors.iter().map(|&i| per_expert(&model.tensors[i])).collect(),
+                routed_copy: self.tensors.iter().map(|&i| routed_copy(&model.tensors[i])).collect(),
+                n_expert,
+                n_used: model.n_expert_used,
+            }
+        });
+    }
+
+    /// The expert cache of single-token decode under `resident`, where it
+    /// is priced and used.
+    pub fn expert_cache(&self, resident: &[bool]) -> Option<ExpertCachePlan> {
+        self.cache_step(resident).and_then(|c| c.plan)
+    }
+
+    /// Device bytes of `slots` streaming slots under `resident`: each holds
+    /// the largest weight that goes through them.
+    pub fn slot_bytes(&self, resident: &[bool], slots: u32) -> u64 {
+        let largest = (0..self.vram.len())
+            .filter(|&k| !resident[k] && self.streams(k))
+            .map(|k| self.vram[k].div_ceil(SLOT_ALIGN) * SLOT_ALIGN)
+            .max()
+            .unwrap_or(0);
+        largest * u64::from(slots)
+    }
+
+    /// The expert cache in single-token decode under `resident`: every
+    /// routed split's weight (the hybrid layers' experts, experts streamed
+    /// by their routed copies) gets as many positions as the room holds,
+    /// and the hybrid layers' GPU share is the best at the hits that gives.
+    /// None where no split is cached, or where a split streams a whole
+    /// weight through the slots (the scheduler caches no split then).
+    fn cache_step(&self, resident: &[bool]) -> Option<CacheStep> {
+        let c = self.cache.as_ref()?;
+        let si = self.single;
+        let (mut per_position, mut weights) = (0u64, 0u32);
+        let mut routed = 0.0;
+        for k in 0..resident.len() {
+            if resident[k] || self.host_only[k] {
+                continue;
+            }
+            match self.host_time(k, si, resident).0 {
+                Exec::Hybrid => {
+                    per_position += c.expert_bytes[k];
+                    weights += 1;
+                }
+                Exec::Stream if c.routed_copy[k] > 0.0 => {
+                    per_position += c.expert_bytes[k];
+                    weights += 1;
+                    routed += c.routed_copy[k];
+                }
+                Exec::Stream => return None,
+                _ if self.split[k].is_some() => return None,
+                _ => {}
+            }
+        }
+        if per_position == 0 {
+            return None;
+        }
+        let room = c.compute_room + self.slot_bytes(resident, c.slots);
+        let n_pos = positions(room, per_position, c.n_expert);
+        let layers: Vec<&HybridLayer> = self
+            .hybrid
+            .iter()
+            .filter(|l| l.group.iter().all(|&k| !resident[k]))
+            .collect();
+        let uncached: f64 = layers
+            .iter()
+            .flat_map(|l| l.group.iter().map(|&k| self.times[si][k].2))
+            .sum::<f64>()
+            + routed;
+        // The scheduler caches no split if one routes more experts than the
+        // positions hold.
+        let streamed_need = if routed > 0.0 { c.n_used } else { 0 };
+        let hits = |need: u32| {
+            if n_pos < u64::from(need.max(streamed_need)) {
+                0.0
+            } else {
+                c.locality.cache_hits(n_pos, need, c.n_expert, c.n_used)
+            }
+        };
+        let routed_cached = (1.0 - hits(streamed_need)) * routed;
+        let shares: Vec<u32> = layers
+            .first()
+            .map_or_else(Vec::new, |l| l.shares.iter().map(|s| s.0).collect());
+        let (hybrid_k, cached) = shares
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| {
+                let h = hits(k);
+                (k, layers.iter().map(|l| l.shares[i].1.seconds(h)).sum::<f64>())
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap_or((self.hybrid_k, 0.0));
+        let need = if layers.is_empty() { streamed_need } else { hybrid_k };
+        Some(CacheStep {
+            saved: (uncached - cached - routed_cached).max(0.0),
+            hybrid_k,
+            plan: (n_pos >= u64::from(need.max(streamed_need))).then_some(ExpertCachePlan {
+                positions: n_pos as u32,
+                weights,
+                bytes: n_pos * per_position,
+                hits: hits(need),
+                locality: c.locality,
+            }),
+        })
     }
 
     /// The host exec of tensor `k` at size index `si`, its seconds and
@@ -435,10 +602,7 @@ impl Evaluator {
     /// Whether a non-resident tensor `k` goes through the streaming slots in
     /// some tier (streamed, or the GPU part of hybrid experts).
     pub fn streams(&self, k: usize) -> bool {
-        (0..self.times.len()).any(|si| {
-            matches!(self.times[si][k].1, Exec::Stream | Exec::Hybrid)
-                || self.unsplit[si][k].is_some_and(|u| u.0 == Exec::Stream)
-        }) || self.split[k].is_some()
+        self.streams[k]
     }
 
     /// How many of each token's routed experts hybrid layers run on the GPU
@@ -447,10 +611,10 @@ impl Evaluator {
         let si = self.single;
         let share = self.decode_split_share(resident);
         let hybrid = (0..self.tensors.len()).any(|k| self.exec(k, si, resident, share) == Exec::Hybrid);
-        if hybrid {
-            self.hybrid_k
-        } else {
+        if !hybrid {
             0
+        } else {
+            self.cache_step(resident).map_or(self.hybrid_k, |c| c.hybrid_k)
         }
     }
 
@@ -517,6 +681,9 @@ impl Evaluator {
                 visit(l >= self.kv_gpu_from);
             }
         }
+        if si == self.single {
+            total -= self.cache_step(resident).map_or(0.0, |c| c.saved);
+        }
         (total + switches as f64 * self.switch_s + self.layers_s, link, sums)
     }
 
@@ -530,13 +697,26 @@ impl Evaluator {
             let (compute, link, _) = self.weights_seconds(si, resident);
             ttft += (compute * count + self.attention[si]).max(link * count + self.attention_link[si]);
         }
+        let (decode_tok_s, speculation) = self.decode_speed(resident);
+        let p = self.workload.prompt_tokens as f64;
+        Prediction {
+            ttft_s: ttft,
+            prompt_tok_s: p / ttft.max(1e-12),
+            decode_tok_s,
+            speculation,
+        }
+    }
+
+    /// The decode speed of [`Evaluator::evaluate`] (tokens of every
+    /// sequence decoding together, per second), and with speculative
+    /// decoding what a step costs and yields.
+    pub fn decode_speed(&self, resident: &[bool]) -> (f64, Option<SpeculationPrediction>) {
         // One ubatch of size index `si` past the prompt (attention is priced at one depth).
         let step = |si: usize| {
             let (compute, link, sums) = self.weights_seconds(si, resident);
             self.split_step(compute + self.attention[si], link + self.attention_link[si], &sums)
                 .1
         };
-        // Tokens of every sequence decoding together, per second.
         let par = self.workload.decode_tokens() as f64;
         let plain_decode_tok_s = par / step(self.decode).max(1e-12);
         let gen = self.workload.gen_tokens as f64;
@@ -555,13 +735,7 @@ impl Evaluator {
                 plain_decode_tok_s,
             }
         });
-        let p = self.workload.prompt_tokens as f64;
-        Prediction {
-            ttft_s: ttft,
-            prompt_tok_s: p / ttft.max(1e-12),
-            decode_tok_s,
-            speculation,
-        }
+        (decode_tok_s, speculation)
     }
 
     /// The optimizer's objective: seconds for the whole workload, per
@@ -611,6 +785,38 @@ impl Evaluator {
     }
 }
 
+/// A layer whose routed experts may split between the GPU and the CPU.
+struct HybridLayer {
+    group: Vec<usize>,
+    /// (GPU experts per token, the layer's parts).
+    shares: Vec<(u32, HybridParts)>,
+}
+
+/// What prices the expert cache of single-token decode (patch 0040).
+struct CachePricing {
+    locality: Locality,
+    /// Bytes of the compute buffers that the decode graph leaves unused.
+    compute_room: u64,
+    /// Streaming slots, which the cache takes over in decode.
+    slots: u32,
+    /// Per tensor: one expert's bytes (0 for a tensor that holds no routed
+    /// experts), and the seconds of its routed copy in single-token decode.
+    expert_bytes: Vec<u64>,
+    routed_copy: Vec<f64>,
+    n_expert: u32,
+    n_used: u32,
+}
+
+/// The expert cache in one decode step: the seconds it saves, and the
+/// share of each token's experts hybrid layers then run on the GPU.
+struct CacheStep {
+    saved: f64,
+    hybrid_k: u32,
+    /// None where the positions are fewer than a step routes: the
+    /// scheduler streams through the slots then.
+    plan: Option<ExpertCachePlan>,
+}
+
 /// The row-split candidates of one decode step: how many, their parts, and
 /// their seconds and link seconds unsplit (each weight's own best exec).
 #[derive(Debug, Clone, Copy, Default)]
@@ -622,17 +828,50 @@ struct SplitSums {
     cpu_other: f64,
 }
 
-/// Predicted TTFT and decode speed of a finished plan.
-pub fn predict(model: &ModelInfo, cm: &CostModel<'_>, plan: &Plan) -> Prediction {
-    let ev = Evaluator::new(model, cm, plan.workload, plan.ubatch, plan.kv_gpu_layers);
-    let resident: Vec<bool> = ev
-        .tensors
+/// The decode phase of a plan as the planner prices it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodePhase {
+    pub decode_tok_s: f64,
+    /// The share of each token's routed experts hybrid layers run on the
+    /// GPU (0: none is hybrid).
+    pub hybrid_gpu_experts: u32,
+    pub expert_cache: Option<ExpertCachePlan>,
+}
+
+/// The decode phase of `plan`, made by [`super::make_plan`] for `req`: its
+/// decode tier's planned weights resident where it has one, and the expert
+/// cache in the room that phase leaves (the slots, and what the compute
+/// buffers of that phase leave unused).
+pub fn decode_phase(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, plan: &Plan) -> DecodePhase {
+    let (p, compute) = match &plan.decode_tier {
+        Some(t) => (plan.decoding(t.planned().len()), t.compute),
+        None => (plan.clone(), plan.vram.compute),
+    };
+    let mut ev = Evaluator::new(model, cm, p.workload, p.ubatch, p.kv_gpu_layers);
+    ev.price_cache(model, cm, decode_room(model, req, compute), p.stream_slots);
+    let resident = residency(&ev, model, &p);
+    DecodePhase {
+        decode_tok_s: ev.decode_speed(&resident).0,
+        hybrid_gpu_experts: ev.hybrid_gpu_experts(&resident),
+        expert_cache: ev.expert_cache(&resident),
+    }
+}
+
+/// Which of `ev`'s tensors `plan` keeps resident.
+fn residency(ev: &Evaluator, model: &ModelInfo, plan: &Plan) -> Vec<bool> {
+    ev.tensors
         .iter()
         .map(|&i| {
             plan.tensors
                 .iter()
                 .any(|t| t.name == model.tensors[i].name && t.resident)
         })
-        .collect();
+        .collect()
+}
+
+/// Predicted TTFT and decode speed of a finished plan.
+pub fn predict(model: &ModelInfo, cm: &CostModel<'_>, plan: &Plan) -> Prediction {
+    let ev = Evaluator::new(model, cm, plan.workload, plan.ubatch, plan.kv_gpu_layers);
+    let resident = residency(&ev, model, plan);
     ev.evaluate(&resident)
 }

@@ -18,13 +18,15 @@ pub mod cost;
 mod decode_tier;
 pub mod devices;
 mod evaluate;
+pub mod expert_cache;
 mod optimizer;
 mod report;
 mod switch;
 
-pub use cost::{CostModel, Exec, Overheads, Streaming};
-pub use decode_tier::{DecodeTier, DecodeUnit, DECODE_TIER_MARGIN};
-pub use evaluate::{predict, Evaluator};
+pub use cost::{CostModel, Exec, HybridParts, Overheads, Streaming};
+pub use decode_tier::{planned_seconds, DecodeTier, DecodeUnit, DECODE_TIER_MARGIN};
+pub use evaluate::{decode_phase, predict, DecodePhase, Evaluator};
+pub use expert_cache::{ExpertCachePlan, Locality};
 pub use optimizer::{make_plan, value_per_byte};
 pub use report::{render, render_devices, Format};
 pub use switch::PolicySwitch;
@@ -198,6 +200,11 @@ pub struct PlanRequest {
     /// The context keeps one KV stream for all its sequences (llama.cpp's
     /// `kv_unified`), not one per sequence; it sizes sliding-window caches.
     pub kv_unified: bool,
+    /// The routing locality the expert cache (patch 0040) is priced with in
+    /// decode: measured from the model's selected experts, else
+    /// [`expert_cache::Locality::default`]; None plans without the cache
+    /// (`GGML_SCHED_EXPERT_CACHE=0`).
+    pub cache_locality: Option<expert_cache::Locality>,
 }
 
 /// Two slots let one split's copy overlap the previous split's compute; a
@@ -236,6 +243,7 @@ impl PlanRequest {
             decode_tier: true,
             cpu_copies: true,
             host_available: None,
+            cache_locality: Some(expert_cache::Locality::default()),
         }
     }
 }
@@ -382,6 +390,10 @@ pub struct Plan {
     /// More weights resident while decoding (None: the same residency).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode_tier: Option<DecodeTier>,
+    /// The expert cache expected in decode (patch 0040), with the decode
+    /// tier's weights resident where there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_cache: Option<ExpertCachePlan>,
 }
 
 impl Plan {

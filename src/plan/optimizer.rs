@@ -9,12 +9,10 @@
 
 use super::cost::{is_host_only, is_placeable, CostModel, Exec, Streaming};
 use super::evaluate::Evaluator;
+use super::expert_cache::decode_room;
 use super::{kv_bytes, planned_compute, Plan, PlanError, PlanRequest, PlannedTensor, VramBreakdown};
 use crate::gguf::{ModelInfo, TensorRole};
 use crate::profile::MachineProfile;
-
-/// Device buffers are aligned to this (ggml-cuda's buffer alignment).
-const SLOT_ALIGN: u64 = 128;
 
 /// Extra device memory a streaming context uses beyond llama.cpp's own
 /// reservation, in slots (CHANGELOG.md, sessions 1-3: peaks 94 MiB and
@@ -49,6 +47,7 @@ fn cost_model<'a>(model: &'a ModelInfo, profile: &'a MachineProfile, req: &PlanR
     );
     cm.gpu_only = req.exact;
     cm.dense_split = req.dense_split;
+    cm.cache_locality = req.cache_locality;
     cm
 }
 
@@ -133,12 +132,16 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
 
     let mut best: Option<(f64, Plan)> = None;
     let mut minimum = u64::MAX;
+    let tier_with_cache = req.decode_tier && cm.cache_locality.is_some() && model.n_expert > 0;
     for &u in &ubatches {
+        // The ubatch's best configuration for the prompt's residency.
+        let mut u_best: Option<(f64, Plan)> = None;
         for &kv_layers in &kv_steps {
             let kv = kv_bytes(model, req, kv_layers, u as u64);
             let compute = planned_compute(model, req, u as u64, in_compute);
             let fixed = kv + req.reserve;
-            let ev = Evaluator::new(model, &cm, req.workload, u, kv_layers);
+            let mut ev = Evaluator::new(model, &cm, req.workload, u, kv_layers);
+            ev.price_cache(model, &cm, decode_room(model, req, compute), req.stream_slots);
             let sizes: Vec<u64> = ev.tensors.iter().map(|&i| model.tensors[i].cuda_alloc_size()).collect();
             let mut order: Vec<usize> = (0..ev.tensors.len()).filter(|&k| ev.saving(k) > 0.0).collect();
             order.sort_by(|&a, &b| {
@@ -159,14 +162,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             // reach it only after most of the budget is spent).
             let slot_bytes = |resident: &[bool]| match streaming {
                 Streaming::Synchronous => 0,
-                Streaming::Overlapped | Streaming::Pipelined => {
-                    let largest = (0..sizes.len())
-                        .filter(|&k| !resident[k] && ev.streams(k))
-                        .map(|k| sizes[k].div_ceil(SLOT_ALIGN) * SLOT_ALIGN)
-                        .max()
-                        .unwrap_or(0);
-                    largest * req.stream_slots as u64
-                }
+                Streaming::Overlapped | Streaming::Pipelined => ev.slot_bytes(resident, req.stream_slots),
             };
             let orders = {
                 let mut by_size: Vec<u64> = order.iter().map(|&k| sizes[k]).collect();
@@ -212,14 +208,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             let Some(cfg_best) = cfg_best else {
                 continue;
             };
-            if best.as_ref().is_some_and(|(b, p)| {
-                let margin = if p.ubatch < u {
-                    LARGER_UBATCH_MARGIN * p.predicted.ttft_s
-                } else {
-                    0.0
-                };
-                cfg_best.0 >= *b - margin - 1e-12
-            }) {
+            if u_best.as_ref().is_some_and(|(b, _)| cfg_best.0 >= *b - 1e-12) {
                 continue;
             }
             let mut resident = vec![false; ev.tensors.len()];
@@ -304,17 +293,49 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 workload: req.workload,
                 tensors,
                 decode_tier: None,
+                expert_cache: None,
             };
-            best = Some((cfg_best.0, plan));
+            u_best = Some((cfg_best.0, plan));
         }
+        // With its decode tier where decode caches routed experts: the
+        // tier's weights and the expert cache share the memory a prompt's
+        // compute buffers leave in decode, so the ubatch (the size of those
+        // buffers) is chosen with the tier.
+        let Some((objective, mut plan)) = u_best else {
+            continue;
+        };
+        let seconds = if tier_with_cache {
+            plan.decode_tier = super::decode_tier::decode_tier(model, &cm, req, &plan);
+            super::decode_tier::planned_seconds(model, &cm, &plan)
+        } else {
+            objective
+        };
+        if best.as_ref().is_some_and(|(b, p)| {
+            let margin = if p.ubatch < u {
+                LARGER_UBATCH_MARGIN * p.predicted.ttft_s
+            } else {
+                0.0
+            };
+            seconds >= *b - margin - 1e-12
+        }) {
+            continue;
+        }
+        best = Some((seconds, plan));
     }
     let mut plan = best.map(|(_, p)| p).ok_or(PlanError::BudgetTooSmall {
         budget: req.budget,
         minimum,
     })?;
     plan.cpu_weight_copies = cpu_weight_copies(req, &plan);
-    if req.decode_tier {
+    if req.decode_tier && !tier_with_cache {
         plan.decode_tier = super::decode_tier::decode_tier(model, &cm, req, &plan);
+    }
+    // The decode phase's own hybrid share: the tier's residency and the
+    // cache's hits decide it.
+    let decoding = super::evaluate::decode_phase(model, &cm, req, &plan);
+    plan.expert_cache = decoding.expert_cache;
+    if plan.hybrid_gpu_experts > 0 && decoding.hybrid_gpu_experts > 0 {
+        plan.hybrid_gpu_experts = decoding.hybrid_gpu_experts;
     }
     split_output(model, &cm, &mut plan);
     Ok(plan)
@@ -328,8 +349,13 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
 /// GPU, interleaved three times; CHANGELOG.md, session 23, call a): 24.4,
 /// 32.8, 30.2 tok/s with 30.6% of its rows on the GPU (the cost model's
 /// share, what the slots hold), 29.4, 28.9, 30.9 with 20%, against 24.5,
-/// 28.8, 29.0 unsplit.
+/// 28.8, 29.0 unsplit. Not where decode caches routed experts: the
+/// scheduler caches no split while another streams a whole weight's rows
+/// through the slots (patch 0040).
 fn split_output(model: &ModelInfo, cm: &CostModel<'_>, plan: &mut Plan) {
+    if plan.expert_cache.is_some() {
+        return;
+    }
     let max_gpu_bytes = plan.row_split_part_bytes() * plan.stream_slots as u64;
     let Some(k) = plan
         .tensors

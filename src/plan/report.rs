@@ -132,6 +132,18 @@ fn table(plan: &Plan) -> String {
             plan.hybrid_gpu_experts
         );
     }
+    if let Some(c) = &plan.expert_cache {
+        let _ = writeln!(
+            s,
+            "expert cache: in decode, {} experts of each of {} routed weights stay on the GPU ({}), priced to hold {:.0}% of the experts the GPU computes (routing locality: LRU hits {:.0}% and {:.0}% at 12.5% and 25% of the experts)",
+            c.positions,
+            c.weights,
+            fmt_bytes(c.bytes),
+            c.hits * 100.0,
+            c.locality.lru_hit_12_5 * 100.0,
+            c.locality.lru_hit_25 * 100.0
+        );
+    }
     if plan.row_split_share > 0.0 {
         let n = plan
             .tensors
