@@ -281,7 +281,6 @@ pub fn plan_request(
         && req.draft.is_none()
         && req.side_contexts.is_empty();
     pr.cpu_copies = req.options.cpu_copies;
-    pr.cache_locality = crate::plan::expert_cache::launch_locality();
     pr.host_available = host_available();
     pr.vision_peak = req.vision.peak;
     let overhead = ProcessOverhead::for_machine(Some(profile), pr.n_ctx);

@@ -117,32 +117,6 @@ impl Locality {
     }
 }
 
-/// The locality a launch plans with: the default, or none where the
-/// scheduler keeps no cache (see [`locality_for_setting`]).
-pub fn launch_locality() -> Option<Locality> {
-    locality_for_setting(std::env::var("GGML_SCHED_EXPERT_CACHE").ok().as_deref())
-}
-
-/// The default locality, or none where `GGML_SCHED_EXPERT_CACHE` (read as
-/// the patch's `atoi` reads it) turns the cache off (0) or empties it
-/// before every graph (2); unset, the cache is on.
-pub fn locality_for_setting(setting: Option<&str>) -> Option<Locality> {
-    let Some(setting) = setting else {
-        return Some(Locality::default());
-    };
-    let digits: String = setting
-        .trim_start()
-        .chars()
-        .enumerate()
-        .take_while(|&(i, c)| c.is_ascii_digit() || (i == 0 && (c == '-' || c == '+')))
-        .map(|(_, c)| c)
-        .collect();
-    match digits.parse::<i64>().unwrap_or(0) {
-        0 | 2 => None,
-        _ => Some(Locality::default()),
-    }
-}
-
 /// The expert cache a plan expects in decode.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ExpertCachePlan {
@@ -224,18 +198,6 @@ mod tests {
         assert!(l.cache_hits(7, 7, 128, 8) > 0.5);
         // Fewer experts per step reach further back.
         assert!(l.cache_hits(10, 5, 128, 8) > l.cache_hits(10, 8, 128, 8));
-    }
-
-    #[test]
-    fn the_schedulers_setting_turns_the_pricing_off_as_it_turns_the_cache_off() {
-        let on = Some(Locality::default());
-        assert_eq!(locality_for_setting(None), on);
-        assert_eq!(locality_for_setting(Some("1")), on);
-        assert_eq!(locality_for_setting(Some(" 1x")), on);
-        assert_eq!(locality_for_setting(Some("0")), None);
-        assert_eq!(locality_for_setting(Some("2")), None);
-        assert_eq!(locality_for_setting(Some("off")), None);
-        assert_eq!(locality_for_setting(Some("")), None);
     }
 
     #[test]

@@ -202,8 +202,7 @@ pub struct PlanRequest {
     pub kv_unified: bool,
     /// The routing locality the expert cache (patch 0040) is priced with in
     /// decode: measured from the model's selected experts, else
-    /// [`expert_cache::Locality::default`]; None plans without the cache
-    /// (`GGML_SCHED_EXPERT_CACHE=0`).
+    /// [`expert_cache::Locality::default`]; None plans without the cache.
     pub cache_locality: Option<expert_cache::Locality>,
 }
 
