@@ -4,9 +4,8 @@
 //! The crate is layered:
 //! - [`engine`]: the safe FFI layer over our patched llama.cpp (all `unsafe`
 //!   lives there);
-//! - [`gguf`]: reading, validating and writing GGUF files without loading them;
-//! - [`synth`]: random-weight GGUFs with real model shapes;
-//! - [`fuzz`]: structure-aware GGUF mutation, each case loaded in a child process;
+//! - [`gguf`]: reading, validating and writing GGUF files without loading them
+//!   (the `pipeshard-gguf` crate);
 //! - [`profile`]: measured speeds of this machine (CPU, GPU, link);
 //! - [`plan`]: the cost model and optimizer that place each weight per token tier;
 //! - [`launch`]: the one path from options and parameters to a checked plan,
@@ -16,13 +15,14 @@
 //! - [`results`]: the results summary's rows, made from benchmark outputs and rendered;
 //! - [`server_hook`]: llama.cpp's own server with pipeshard's plan installed at load;
 //! - [`default_model`]: the default model, fetched from PyPI on first use.
+//!
+//! The developer tools (synthetic models, the GGUF and HTTP fuzzers) are the
+//! `pipeshard-devtools` crate beside this one.
 
 pub mod bench;
 pub mod default_model;
 pub mod engine;
-pub mod fuzz;
 pub mod generate;
-pub mod gguf;
 pub mod launch;
 pub mod logging;
 pub mod plan;
@@ -30,4 +30,5 @@ pub mod profile;
 pub mod progress;
 pub mod results;
 pub mod server_hook;
-pub mod synth;
+
+pub use pipeshard_gguf as gguf;

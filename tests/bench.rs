@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use pipeshard::bench::{write_reports, BenchRow, Policy, PolicyResult, Sample};
-use pipeshard::synth::Quant;
+use pipeshard_devtools::synth::Quant;
 use serde_json::Value;
 
 const GIB: u64 = 1 << 30;

@@ -321,7 +321,7 @@ fn server_cpu_copies_reaches_pipeshards_parser() {
 #[test]
 fn plan_with_a_draft_shows_the_verification_tier_or_drops_the_draft() {
     let dir = common::scratch_dir("cli-plan-draft");
-    let draft = common::synth_tiny_model(&dir, "tiny-llama3.2-1b", pipeshard::synth::Quant::Q4_0);
+    let draft = common::synth_tiny_model(&dir, "tiny-llama3.2-1b", pipeshard_devtools::synth::Quant::Q4_0);
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpu-machine-profile.yaml");
     let plan = |extra: &[&str]| {
         let mut args = vec![
@@ -359,7 +359,7 @@ fn plan_with_a_draft_shows_the_verification_tier_or_drops_the_draft() {
 #[test]
 fn zero_sizes_fail_cleanly_in_bench_and_plan() {
     let dir = common::scratch_dir("cli-zero-sizes");
-    let model = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", pipeshard::synth::Quant::Q4_K_M);
+    let model = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", pipeshard_devtools::synth::Quant::Q4_K_M);
     let m = model.to_str().unwrap();
     let out_dir = dir.join("bench-out");
     let bench = |extra: &[&str]| {

@@ -16,7 +16,7 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
 use pipeshard::engine::{argmax, buffer_types, Context, ContextParams, Model, ModelParams, RowSplitPolicy, Token};
-use pipeshard::synth::Quant;
+use pipeshard_devtools::synth::Quant;
 
 /// Whether this CPU runs the kernel: AVX-512 F, BW, VL and VNNI.
 fn has_avx512_vnni() -> bool {

@@ -351,7 +351,7 @@ fn context_overflow_is_an_error_not_a_crash() {
 #[test]
 fn repack_off_keeps_cpu_weights_in_plain_buffers() {
     let dir = common::scratch_dir("repack");
-    let path = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", pipeshard::synth::Quant::Q4_0);
+    let path = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", pipeshard_devtools::synth::Quant::Q4_0);
     let repacked_bytes = |repack: bool| -> u64 {
         let model = Model::load(
             &path,

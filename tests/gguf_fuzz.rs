@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use pipeshard::fuzz::mutate::RawGguf;
-use pipeshard::fuzz::FuzzReport;
 use pipeshard::gguf::{self, GgmlType, GgufArray, GgufFile, GgufValue, GgufWriter};
-use pipeshard::synth::{presets, tokenizer, Quant};
+use pipeshard_devtools::fuzz::mutate::RawGguf;
+use pipeshard_devtools::fuzz::FuzzReport;
+use pipeshard_devtools::synth::{presets, tokenizer, Quant};
 
 fn pipeshard(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pipeshard"))
@@ -367,7 +367,7 @@ fn every_preset_passes_the_hyperparameter_checks() {
 /// Run `fuzz-gguf` with `args` in a scratch dir named `name`: all `cases`
 /// counted, no signal, no hang, no unclean failure, a clean exit. Returns
 /// the counts for the caller's own checks.
-fn fuzz_slice(name: &str, args: &[&str], cases: u64) -> pipeshard::fuzz::FuzzCounts {
+fn fuzz_slice(name: &str, args: &[&str], cases: u64) -> pipeshard_devtools::fuzz::FuzzCounts {
     let dir = common::scratch_dir(name);
     let cases_arg = cases.to_string();
     let mut all = vec!["fuzz-gguf"];

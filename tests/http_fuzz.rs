@@ -10,7 +10,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use pipeshard::fuzz::http::{ServerProc, ServerSpec};
+use pipeshard_devtools::fuzz::http::{ServerProc, ServerSpec};
 use serde_json::Value;
 
 fn pipeshard(args: &[&str]) -> (std::process::ExitStatus, String, String) {
@@ -141,7 +141,7 @@ fn requests_after_the_signal_get_503_and_a_negative_timeout_is_refused() {
     use std::io::{Read, Write};
     let mut long = std::net::TcpStream::connect(s.addr).unwrap();
     let body = br#"{"prompt":"Once upon a time","n_predict":100000,"ignore_eos":true,"stream":true}"#;
-    long.write_all(&pipeshard::fuzz::http::cases::http_request(
+    long.write_all(&pipeshard_devtools::fuzz::http::cases::http_request(
         "POST",
         "/completion",
         &[("Content-Type".into(), "application/json".into())],
@@ -152,7 +152,7 @@ fn requests_after_the_signal_get_503_and_a_negative_timeout_is_refused() {
     let mut first = [0u8; 64];
     let _ = long.read(&mut first).unwrap();
     let mut ka = std::net::TcpStream::connect(s.addr).unwrap();
-    ka.write_all(&pipeshard::fuzz::http::cases::http_request(
+    ka.write_all(&pipeshard_devtools::fuzz::http::cases::http_request(
         "GET",
         "/health",
         &[],
@@ -166,7 +166,7 @@ fn requests_after_the_signal_get_503_and_a_negative_timeout_is_refused() {
     s.signal("TERM").unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let body = br#"{"prompt":"Hello","n_predict":4}"#;
-    let _ = ka.write_all(&pipeshard::fuzz::http::cases::http_request(
+    let _ = ka.write_all(&pipeshard_devtools::fuzz::http::cases::http_request(
         "POST",
         "/completion",
         &[("Content-Type".into(), "application/json".into())],

@@ -23,7 +23,7 @@ use pipeshard::engine::{
 use pipeshard::gguf::{GgmlType, ModelInfo, ModelTensor, TensorRole};
 use pipeshard::plan::{self, PlanRequest};
 use pipeshard::profile::MachineProfile;
-use pipeshard::synth::{self, Family, Quant};
+use pipeshard_devtools::synth::{self, Family, Quant};
 
 const TINY: [&str; 7] = [
     "tiny-gpt-oss-20b",

@@ -263,7 +263,7 @@ fn hybrid_experts_without_a_gpu_change_nothing() {
     // tokens are those of the plain context.
     pipeshard::engine::init(None).unwrap();
     let dir = common::scratch_dir("hybrid-experts");
-    let path = common::synth_tiny_model(&dir, "tiny-qwen3-30b-a3b", pipeshard::synth::Quant::Q8_0);
+    let path = common::synth_tiny_model(&dir, "tiny-qwen3-30b-a3b", pipeshard_devtools::synth::Quant::Q8_0);
     let model = Model::load(&path, ModelParams::default()).unwrap();
     let params = common::small_context_params();
     let req = GenerateRequest::new(
@@ -375,7 +375,7 @@ fn row_split_from_repacked_cpu_copies_computes_the_same_rows() {
     // in the interleaved layout would compute other rows.
     pipeshard::engine::init(None).unwrap();
     let dir = common::scratch_dir("cpu-copies");
-    let path = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", pipeshard::synth::Quant::Q4_0);
+    let path = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", pipeshard_devtools::synth::Quant::Q4_0);
     let cpu = buffer_types().into_iter().find(|b| b.name() == "CPU").unwrap();
     let load = |repack: bool, copies: bool| {
         Model::load(

@@ -10,8 +10,8 @@ use std::path::Path;
 use pipeshard::gguf::ModelInfo;
 use pipeshard::plan::{self, Exec, PlanError, PlanRequest};
 use pipeshard::profile::MachineProfile;
-use pipeshard::synth::{self, Quant};
 use pipeshard::{engine, launch};
+use pipeshard_devtools::synth::{self, Quant};
 
 const GIB: u64 = 1 << 30;
 

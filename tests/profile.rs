@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use pipeshard::gguf::GgmlType;
 use pipeshard::profile::{self, Device, MachineProfile, MatmulSample, ProfileMode};
-use pipeshard::synth::Quant;
+use pipeshard_devtools::synth::Quant;
 
 /// What a finished command left.
 struct Finished {
@@ -331,7 +331,7 @@ fn a_models_expert_types_are_measured_once() {
         (Quant::Q4_K_M, &[GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K][..]),
         (Quant::MXFP4, &[GgmlType::MXFP4][..]),
     ] {
-        let info = pipeshard::synth::model_info("tiny-qwen3-30b-a3b", quant).unwrap();
+        let info = pipeshard_devtools::synth::model_info("tiny-qwen3-30b-a3b", quant).unwrap();
         let used = profile::TypesUsed::of(&info);
         assert_eq!(used.experts, types, "{quant}");
         let missing = profile::Missing::of(&p, &used);

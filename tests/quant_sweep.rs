@@ -14,7 +14,7 @@ use common::server::{free_port, Server};
 use pipeshard::launch::tune::{search_split, SplitProbe};
 use pipeshard::launch::{LaunchError, SplitKnob, SplitSetting};
 use pipeshard::plan::Plan;
-use pipeshard::synth::{presets, Quant};
+use pipeshard_devtools::synth::{presets, Quant};
 
 const PIPESHARD: &str = env!("CARGO_BIN_EXE_pipeshard");
 const SERVER: &str = env!("CARGO_BIN_EXE_pipeshard-server");

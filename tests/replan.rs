@@ -29,7 +29,7 @@ use pipeshard::launch::live::{
 };
 use pipeshard::plan::{self, Exec, Plan, PlanRequest, PolicySwitch};
 use pipeshard::profile::MachineProfile;
-use pipeshard::synth::{self, Quant};
+use pipeshard_devtools::synth::{self, Quant};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;

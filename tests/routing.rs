@@ -17,7 +17,7 @@ use pipeshard::bench::routing_stats::{
     experts_for_mass, hot_list_coverage, lru_hit_rate, reuse, top_share, LayerTrace, Recorder, RoutingStats,
 };
 use pipeshard::engine::{Context, ContextParams, Model, ModelParams, MoeIds, MoeRouteQuery, Token};
-use pipeshard::synth::Quant;
+use pipeshard_devtools::synth::Quant;
 
 /// The request of the calibration band: a 4096-token prompt and the 64
 /// tokens decoded after it.

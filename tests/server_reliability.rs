@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use pipeshard::fuzz::http::cases::http_request;
-use pipeshard::fuzz::http::{ServerProc, ServerSpec};
+use pipeshard_devtools::fuzz::http::cases::http_request;
+use pipeshard_devtools::fuzz::http::{ServerProc, ServerSpec};
 use serde_json::{json, Value};
 
 /// One of these tests at a time: each times a server on the machine's two

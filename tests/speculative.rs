@@ -5,7 +5,7 @@ mod common;
 
 use pipeshard::engine::{Context, Model, ModelParams, SamplingParams, Token};
 use pipeshard::generate::{generate, generate_speculative, DraftParams, GenerateRequest};
-use pipeshard::synth::Quant;
+use pipeshard_devtools::synth::Quant;
 
 fn request(model: &Model, prompt: &str, n_predict: usize, sampling: SamplingParams) -> GenerateRequest {
     GenerateRequest {

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use pipeshard::engine::{Context, ContextParams, Model, ModelParams, SamplingParams};
 use pipeshard::generate::{generate, GenerateRequest, StopReason};
 use pipeshard::gguf::{self, GgmlType, GgufFile};
-use pipeshard::synth::{self, presets, Quant, SynthError, SynthOptions};
+use pipeshard_devtools::synth::{self, presets, Quant, SynthError, SynthOptions};
 
 const QUANTS: [Quant; 2] = [Quant::Q4_0, Quant::Q4_K_M];
 const GEN_TOKENS: usize = 16;

@@ -22,10 +22,14 @@ fn fixtures() -> &'static (PathBuf, PathBuf, PathBuf, PathBuf) {
         let dir = common::scratch_dir("vlm");
         let model = dir.join("vl.gguf");
         let mmproj = dir.join("mmproj.gguf");
-        let mut opts = pipeshard::synth::SynthOptions::new("tiny-qwen2.5-vl-7b", pipeshard::synth::Quant::Q4_0, &model);
+        let mut opts = pipeshard_devtools::synth::SynthOptions::new(
+            "tiny-qwen2.5-vl-7b",
+            pipeshard_devtools::synth::Quant::Q4_0,
+            &model,
+        );
         opts.mmproj_output = Some(mmproj.clone());
         opts.threads = 2;
-        pipeshard::synth::synth(&opts, |_, _| {}).expect("synth tiny-qwen2.5-vl-7b");
+        pipeshard_devtools::synth::synth(&opts, |_, _| {}).expect("synth tiny-qwen2.5-vl-7b");
         let png = dir.join("gradient.png");
         std::fs::write(&png, gradient_png(64, 48)).unwrap();
         (model, mmproj, png, dir)

@@ -13,10 +13,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use pipeshard_devtools::synth::rng::WyRand;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{MoeRoutePolicy, MoeRouteQuery};
-use crate::synth::rng::WyRand;
 
 /// A routing point of a MoE benchmark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]

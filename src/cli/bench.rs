@@ -8,6 +8,7 @@ use pipeshard::bench::routing::RoutingPoint;
 use pipeshard::bench::{self, BenchConfig, BenchRow, Policy, RunInfo};
 use pipeshard::engine::{self, FlashAttention};
 use pipeshard::plan;
+use pipeshard_devtools::synth::NAME_PREFIX;
 
 use pipeshard::launch::PipeshardOptions;
 
@@ -215,7 +216,7 @@ pub fn bench_cmd(global: &GlobalArgs, args: BenchArgs) -> Result<()> {
 /// `general.name`, else the architecture.
 fn model_name(info: &pipeshard::gguf::ModelInfo) -> String {
     match &info.name {
-        Some(n) => n.strip_prefix(pipeshard::synth::NAME_PREFIX).unwrap_or(n).to_string(),
+        Some(n) => n.strip_prefix(NAME_PREFIX).unwrap_or(n).to_string(),
         None => info.architecture.clone(),
     }
 }

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 
-use pipeshard::fuzz::{self, FuzzOptions, CASE_PLACEHOLDER, PORT_PLACEHOLDER};
-use pipeshard::synth::{self, Quant, SynthOptions};
 use pipeshard::{default_model, progress};
+use pipeshard_devtools::fuzz::{self, FuzzOptions, CASE_PLACEHOLDER, PORT_PLACEHOLDER};
+use pipeshard_devtools::synth::{self, Quant, SynthOptions};
 
 use super::GlobalArgs;
 

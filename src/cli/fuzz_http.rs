@@ -1,14 +1,14 @@
 //! `pipeshard fuzz-http`: the HTTP fuzzer, the soak and the shutdown trials
-//! against `pipeshard-server` (see `pipeshard::fuzz::http`).
+//! against `pipeshard-server` (see `pipeshard_devtools::fuzz::http`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 
-use pipeshard::fuzz::http::soak::{self, ShutdownOptions, SoakOptions};
-use pipeshard::fuzz::http::{self, HttpFuzzOptions, KnownIssue, ServerSpec};
 use pipeshard::{default_model, progress};
+use pipeshard_devtools::fuzz::http::soak::{self, ShutdownOptions, SoakOptions};
+use pipeshard_devtools::fuzz::http::{self, HttpFuzzOptions, KnownIssue, ServerSpec};
 
 use super::GlobalArgs;
 

@@ -219,14 +219,14 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
                 .1
         }
         (None, Some(arch)) => {
-            let quant = pipeshard::synth::Quant::from_name(&args.quant).with_context(|| {
+            let quant = pipeshard_devtools::synth::Quant::from_name(&args.quant).with_context(|| {
                 format!(
                     "unknown --quant {:?} (use {})",
                     args.quant,
-                    pipeshard::synth::Quant::names()
+                    pipeshard_devtools::synth::Quant::names()
                 )
             })?;
-            pipeshard::synth::model_info(arch, quant)?
+            pipeshard_devtools::synth::model_info(arch, quant)?
         }
         (None, None) => anyhow::bail!("pass -m MODEL or --arch PRESET"),
     };

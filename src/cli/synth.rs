@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result};
 
 use pipeshard::progress;
-use pipeshard::synth::{self, presets, Quant, SynthOptions};
+use pipeshard_devtools::synth::{self, presets, Quant, SynthOptions};
 
 #[derive(clap::Args)]
 pub struct SynthArgs {

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use pipeshard_devtools::synth::NAME_PREFIX;
 use serde::Deserialize;
 
 use super::{quant_from_description, Bytes, ResultsError, Row};
@@ -227,7 +228,7 @@ fn model_of(filename: &str) -> String {
     let path = Path::new(filename);
     if let Ok((_, info)) = crate::gguf::inspect(path) {
         if let Some(n) = info.name {
-            return n.strip_prefix(crate::synth::NAME_PREFIX).unwrap_or(&n).to_string();
+            return n.strip_prefix(NAME_PREFIX).unwrap_or(&n).to_string();
         }
     }
     path.file_stem()

@@ -104,6 +104,7 @@ impl ServerState {
 mod tests {
     use std::path::Path;
 
+    use pipeshard_devtools::synth::{model_info, Quant};
     use serde_json::Value;
 
     use super::*;
@@ -112,7 +113,6 @@ mod tests {
     use crate::plan::{make_plan, PlanRequest};
     use crate::profile::MachineProfile;
     use crate::server_hook::Installed;
-    use crate::synth::{model_info, Quant};
 
     fn state(args: &[&str]) -> Arc<ServerState> {
         let own: Vec<String> = args.iter().map(|s| s.to_string()).collect();

@@ -66,11 +66,11 @@ pub fn scratch_dir(name: &str) -> PathBuf {
 }
 
 /// A tiny random-weight model written by `synth` into `dir` (2 threads, seed 0).
-pub fn synth_tiny_model(dir: &std::path::Path, preset: &str, quant: pipeshard::synth::Quant) -> PathBuf {
+pub fn synth_tiny_model(dir: &std::path::Path, preset: &str, quant: pipeshard_devtools::synth::Quant) -> PathBuf {
     let path = dir.join(format!("{preset}-{quant}.gguf"));
-    let mut opts = pipeshard::synth::SynthOptions::new(preset, quant, &path);
+    let mut opts = pipeshard_devtools::synth::SynthOptions::new(preset, quant, &path);
     opts.threads = 2;
-    pipeshard::synth::synth(&opts, |_, _| {}).unwrap_or_else(|e| panic!("synth {preset} {quant}: {e}"));
+    pipeshard_devtools::synth::synth(&opts, |_, _| {}).unwrap_or_else(|e| panic!("synth {preset} {quant}: {e}"));
     path
 }
 

@@ -554,7 +554,7 @@ fn read_fixed<R: Read, const N: usize, T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::writer::GgufWriter;
+    use crate::writer::GgufWriter;
     use std::io::Cursor;
 
     /// Hand-encodes a minimal GGUF file, so that tests do not depend on the

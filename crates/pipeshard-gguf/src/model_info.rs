@@ -309,7 +309,7 @@ impl ModelTensor {
     }
 
     /// Bytes ggml-cuda allocates for this tensor (see
-    /// [`cuda_alloc_size`](crate::gguf::types::cuda_alloc_size)).
+    /// [`cuda_alloc_size`](crate::types::cuda_alloc_size)).
     pub fn cuda_alloc_size(&self) -> u64 {
         // the shape was validated when the file was read
         super::types::cuda_alloc_size(self.ty, &self.dims).unwrap_or(self.nbytes)
@@ -755,8 +755,8 @@ fn swa_pattern(n: u64, n_layer: u32) -> Vec<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::value::GgufArray;
-    use crate::gguf::writer::GgufWriter;
+    use crate::value::GgufArray;
+    use crate::writer::GgufWriter;
     use std::io::Cursor;
 
     fn file(build: impl FnOnce(&mut GgufWriter)) -> GgufFile {

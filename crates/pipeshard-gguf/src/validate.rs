@@ -969,7 +969,7 @@ fn check_vocab(f: &GgufFile, arch: &str) -> Result<(), HparamError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::writer::GgufWriter;
+    use crate::writer::GgufWriter;
     use std::io::Cursor;
 
     /// A two-layer llama with 4 heads of 16 (2 KV heads), 8 tokens, and

@@ -410,7 +410,7 @@ impl<W: Write> Write for TensorSink<'_, W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::reader::GgufFile;
+    use crate::reader::GgufFile;
     use std::io::Cursor;
 
     fn sample() -> GgufWriter {
