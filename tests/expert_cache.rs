@@ -7,7 +7,7 @@ use std::path::Path;
 
 use pipeshard::plan::{self, Locality, Plan, PlanRequest};
 use pipeshard::profile::MachineProfile;
-use pipeshard::synth::{self, Quant};
+use pipeshard_devtools::synth::{self, Quant};
 
 const GIB: u64 = 1 << 30;
 

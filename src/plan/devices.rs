@@ -366,7 +366,7 @@ pub fn layer_slice(model: &ModelInfo, first: u32, end: u32, input: bool, output:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::synth::{model_info, Quant};
+    use pipeshard_devtools::synth::{model_info, Quant};
 
     #[test]
     fn a_slice_renumbers_its_layers_and_takes_the_ends_it_is_given() {
