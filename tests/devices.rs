@@ -187,10 +187,11 @@ fn two_gpu_profile() -> String {
         .into_owned()
 }
 
-/// `pipeshard plan --format json` of llama3.1-8b Q4_0 for `budget`.
-fn plan_json(budget: &str) -> serde_json::Value {
+/// `pipeshard plan` of llama3.1-8b Q4_0 for `budget` on the two-GPU
+/// profile, with `extra` arguments.
+fn plan_two_gpus(budget: &str, extra: &[&str]) -> Output {
     let profile = two_gpu_profile();
-    let out = pipeshard(&[
+    let mut args = vec![
         "plan",
         "--arch",
         "llama3.1-8b",
@@ -200,9 +201,14 @@ fn plan_json(budget: &str) -> serde_json::Value {
         budget,
         "--profile",
         &profile,
-        "--format",
-        "json",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    pipeshard(&args)
+}
+
+/// `pipeshard plan --format json` of llama3.1-8b Q4_0 for `budget`.
+fn plan_json(budget: &str) -> serde_json::Value {
+    let out = plan_two_gpus(budget, &["--format", "json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("the plan as JSON")
 }
@@ -260,20 +266,7 @@ fn a_plan_across_two_devices_splits_the_layers_in_order_within_each_budget() {
 
 #[test]
 fn a_plan_across_devices_shows_the_split_and_refuses_unknown_devices() {
-    let profile = two_gpu_profile();
-    let plan = |budget: &str| {
-        pipeshard(&[
-            "plan",
-            "--arch",
-            "llama3.1-8b",
-            "-c",
-            "4096",
-            "--vram-budget",
-            budget,
-            "--profile",
-            &profile,
-        ])
-    };
+    let plan = |budget: &str| plan_two_gpus(budget, &[]);
     let out = plan("CUDA0=2GiB,CUDA1=2GiB");
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
