@@ -53,12 +53,20 @@ fn ok(out: &Output, what: &str) -> String {
 /// `pipeshard plan --format json` with the fixture profile, for `ctx`
 /// cells and 16 threads.
 fn plan(model: &[&str], budget: &str, ctx: &str, what: &str) -> Plan {
-    let json = ok(&plan_output(model, budget, ctx), what);
+    plan_on(&fixture_profile(), model, budget, ctx, what)
+}
+
+/// [`plan`] on the machine `profile` describes.
+fn plan_on(profile: &Path, model: &[&str], budget: &str, ctx: &str, what: &str) -> Plan {
+    let json = ok(&plan_output_on(profile, model, budget, ctx), what);
     serde_json::from_str(&json).unwrap_or_else(|e| panic!("{what}: the plan does not parse: {e}\n{json}"))
 }
 
 fn plan_output(model: &[&str], budget: &str, ctx: &str) -> Output {
-    let profile = fixture_profile();
+    plan_output_on(&fixture_profile(), model, budget, ctx)
+}
+
+fn plan_output_on(profile: &Path, model: &[&str], budget: &str, ctx: &str) -> Output {
     let mut args = vec!["plan"];
     args.extend_from_slice(model);
     args.extend([
@@ -224,14 +232,16 @@ fn any_split(x: SplitSetting) -> f64 {
 fn an_r1_q4_k_m_plan_is_tuned_from_its_own_share() {
     // R1's real shape (no file: --arch plans the preset's tensors). On the
     // GPU machine's own profile the share at 2 and 3 GiB was outside the
-    // range; on the committed profile it is at 3.5 GiB (98.5%).
-    let p = plan(
+    // range; on the frozen H200 profile it is at 4.5 GiB (100%).
+    let h200 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/h200-machine-profile.yaml");
+    let p = plan_on(
+        &h200,
         &["--arch", "llama3.1-8b", "--quant", "q4_k_m"],
-        "3.5GiB",
+        "4.5GiB",
         "4352",
-        "R1 Q4_K_M at 3.5 GiB",
+        "R1 Q4_K_M at 4.5 GiB",
     );
-    let knob = SplitKnob::of(&p, 0, false).expect("R1 Q4_K_M at 3.5 GiB splits its rows");
+    let knob = SplitKnob::of(&p, 0, false).expect("R1 Q4_K_M at 4.5 GiB splits its rows");
     let SplitSetting::Rows(share) = knob.planned() else {
         panic!("{knob:?}");
     };
