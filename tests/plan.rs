@@ -879,14 +879,7 @@ fn a_k_quant_plan_keeps_its_kv_cache_on_the_gpu() {
     let profile = h200_profile();
     for quant in [Quant::Q4_0, Quant::Q4_K_M] {
         let info = synth::model_info("llama3.1-8b", quant).unwrap();
-        let mut req = PlanRequest::new(2 * GIB, 4352);
-        req.workload = plan::Workload {
-            prompt_tokens: 4096,
-            gen_tokens: 64,
-            speculation: None,
-            parallel: 1,
-        };
-        let p = plan::make_plan(&info, &profile, &req).unwrap();
+        let p = plan::make_plan(&info, &profile, &reference_request(2 * GIB, 64)).unwrap();
         assert_eq!(p.kv_gpu_layers, 32, "{quant:?}");
     }
 }
