@@ -137,10 +137,11 @@ write_model() { # CASE QUANT
 # own: pipeshard measures the samples a model's types lack there on its
 # first use (as on a user's machine), or a whole profile when none is
 # committed.
+# shellcheck source=committed-profile.sh
+source scripts/device/committed-profile.sh
 profile_dir() {
-    local gpu f d=$WORK/profiles
-    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-    f=$(ls profiles/*"$(echo "$gpu" | tr 'A-Z ' 'a-z-' | sed 's/^nvidia-//')"*t${THREADS}.yaml 2>/dev/null | head -1 || true)
+    local f d=$WORK/profiles
+    f=$(committed_profile "$THREADS")
     mkdir -p "$d"
     [[ -z $f || -f $d/$(basename "$f") ]] || cp "$f" "$d/"
     echo "$d"

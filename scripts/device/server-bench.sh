@@ -20,12 +20,14 @@ P=dist/pipeshard
 S=${PIPESHARD_SERVER:-dist/pipeshard-server}
 PORT=18080
 
+# shellcheck source=committed-profile.sh
+source scripts/device/committed-profile.sh
+
 # The CUDA module, and this GPU's committed profile (measured when there is none).
 prepare() {
     [[ -f dist/lib/libggml-cuda.so ]] || ( time bash dist/build-cuda.sh dist 90 ) > "$RES/build-cuda.log" 2>&1 || { tail -30 "$RES/build-cuda.log"; exit 1; }
-    local gpu committed
-    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-' | sed 's/^nvidia-//')
-    committed=$(ls profiles/*"$gpu"*t16.yaml 2>/dev/null | head -1 || true)
+    local committed
+    committed=$(committed_profile 16)
     [[ -f $RES/profile.yaml ]] || { [[ -n $committed ]] && cp "$committed" "$RES/profile.yaml"; } \
         || $P profile --mode fast -t 16 -o "$RES/profile.yaml"
 }
