@@ -420,6 +420,11 @@ impl Evaluator {
         self.cache_step(resident).and_then(|c| c.plan)
     }
 
+    /// Per tensor (an index into `self.tensors`): its device bytes.
+    pub fn device_bytes(&self) -> &[u64] {
+        &self.vram
+    }
+
     /// Device bytes of `slots` streaming slots under `resident`: each holds
     /// the largest weight that goes through them.
     pub fn slot_bytes(&self, resident: &[bool], slots: u32) -> u64 {

@@ -142,7 +142,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             let fixed = kv + req.reserve;
             let mut ev = Evaluator::new(model, &cm, req.workload, u, kv_layers);
             ev.price_cache(model, &cm, decode_room(model, req, compute), req.stream_slots);
-            let sizes: Vec<u64> = ev.tensors.iter().map(|&i| model.tensors[i].cuda_alloc_size()).collect();
+            let sizes = ev.device_bytes();
             let mut order: Vec<usize> = (0..ev.tensors.len()).filter(|&k| ev.saving(k) > 0.0).collect();
             order.sort_by(|&a, &b| {
                 let ra = ev.saving(a) / sizes[a].max(1) as f64;
