@@ -229,6 +229,10 @@ pub struct CostModel<'a> {
     /// The routing locality that prices the expert cache (patch 0040) in
     /// decode; None prices every routed expert as copied.
     pub cache_locality: Option<Locality>,
+    /// The sequences share one KV stream ([`crate::plan::KvStreams`]): a
+    /// token's attention runs over the cells of all of them (the others'
+    /// masked), not over its own sequence's.
+    pub kv_unified: bool,
 }
 
 /// A tensor the planner has no role for stays resident with its layer up to
@@ -279,6 +283,7 @@ impl<'a> CostModel<'a> {
             dense_split: None,
             gpu_only: false,
             cache_locality: None,
+            kv_unified: true,
         };
         cm.routed_max_tokens = cm.find_routed_max_tokens();
         cm

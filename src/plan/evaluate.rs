@@ -274,17 +274,22 @@ impl Evaluator {
             })
             .collect();
         // Attention: prompt chunks at increasing depth, decode and
-        // verification at the middle of the generated tokens.
+        // verification at the middle of the generated tokens. Sequences
+        // sharing one KV stream attend over each other's cells too: a
+        // decode token over every sequence's, a prompt over those of the
+        // prompts before it (half of the others', on average).
+        let shared = if cm.kv_unified { par } else { 1 };
         let (attention, attention_link): (Vec<f64>, Vec<f64>) = sizes
             .iter()
             .enumerate()
             .map(|(si, &(n, _))| {
+                let before = (shared - 1) * p / 2;
                 let depths: Vec<u64> = if si >= decode {
-                    vec![p + workload.gen_tokens / 2]
+                    vec![shared * (p + workload.gen_tokens / 2)]
                 } else if n == u64_ {
-                    (0..full).map(|c| c * u64_).collect()
+                    (0..full).map(|c| before + c * u64_).collect()
                 } else {
-                    vec![full * u64_]
+                    vec![before + full * u64_]
                 };
                 depths
                     .iter()
