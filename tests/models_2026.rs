@@ -497,6 +497,8 @@ fn the_planned_cache_is_the_cache_llama_cpp_allocates() {
             (2048, 1, 64, true),
             (4096, 2, 256, true),
             (4096, 4, 256, false),
+            // a stream per sequence, each padded by llama.cpp: 3 x 1536 cells
+            (4000, 3, 256, false),
         ];
         for (n_ctx, n_seq, n_ubatch, kv_unified) in layouts {
             let params = pipeshard::engine::ContextParams {

@@ -347,6 +347,59 @@ fn side_contexts_count_their_kv_and_compute() {
     );
 }
 
+/// The server's plan for several slots is made for the KV layout
+/// llama-server creates: with an explicit `-np` a stream per slot, each
+/// padded by llama.cpp, with `--kv-unified` one stream. Its KV cache is the
+/// cache llama.cpp allocates in that context, and each slot's prompt fills
+/// the slot's own stream.
+#[test]
+fn the_servers_plan_sizes_its_kv_as_llama_cpp_allocates_it() {
+    let dir = common::scratch_dir("plan-server-kv-layout");
+    let path = common::synth_tiny_model(&dir, "tiny-llama3.1-8b", Quant::Q4_0);
+    let model = engine::Model::load(&path, engine::ModelParams::default()).unwrap();
+    let options = fixture_options();
+    // (-c, -np): one a stream per slot holds exactly, two it does not.
+    for (n_ctx, n_seq) in [(17408u32, 4u32), (17000, 4), (8192, 3)] {
+        for kv_unified in [false, true] {
+            let cp = engine::ContextParams {
+                n_ctx,
+                n_seq_max: n_seq,
+                kv_unified,
+                n_batch: 2048,
+                n_ubatch: 512,
+                n_threads: Some(2),
+                ..Default::default()
+            };
+            let workload = plan::Workload {
+                parallel: n_seq,
+                ..Default::default()
+            };
+            let req = launch::LaunchRequest {
+                budget: Some(GIB),
+                full_slot_prompt: true,
+                ..launch::LaunchRequest::new(&path, &options, 2, workload).unwrap()
+            };
+            let p = launch::plan_for(&req, &cp, |_, _| {}).unwrap().expect("a plan").plan;
+            let case = format!("-c {n_ctx} -np {n_seq}, kv_unified {kv_unified}");
+            assert_eq!(p.kv_gpu_layers, p.n_layer, "{case}: the whole cache fits");
+            let ctx = engine::Context::new(&model, cp).unwrap();
+            let allocated: u64 = ctx.memory_breakdown().iter().map(|b| b.context).sum();
+            assert_eq!(p.vram.kv_cache, allocated, "{case}");
+            // llama-server's slot context: its stream, or its share of one.
+            let slot = match kv_unified {
+                false => ctx.n_ctx() / n_seq,
+                true => n_ctx / n_seq,
+            };
+            assert_eq!(
+                p.workload.prompt_tokens,
+                u64::from(slot) - p.workload.gen_tokens,
+                "{case}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The plan prices the context that will be made: a quantised KV cache
 /// takes less VRAM than F16, and attention without flash attention holds
 /// its scores over the whole context in the compute buffer.
@@ -1065,6 +1118,65 @@ fn the_first_ubatchs_mask_costs_what_patch_0032_leaves_of_it() {
     let p = plan::make_plan(&r2, &profile, &PlanRequest::new(64 * GIB, 4352)).unwrap();
     assert!(p.tensors.iter().all(|t| t.resident));
     assert_eq!(p.ubatch, 4096);
+}
+
+/// llama-server's default layout for an explicit `-np 4` (a KV stream per
+/// slot) against `--kv-unified` (one stream), for issue 40's server case (R2
+/// at 4 GiB, `-c 17408`, the H200 host's profile): the same cache, each
+/// slot's prompt the same share of it, and in one stream a decode token
+/// attends over every slot's cells (the others' masked, 4 x 4160 here), in
+/// its own stream over its slot's: the plan without `--kv-unified` is
+/// predicted no slower, its attention strictly cheaper.
+#[test]
+fn four_slots_in_streams_of_their_own_plan_no_worse_than_one_unified_stream() {
+    let profile = h200_profile();
+    let info = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();
+    let options = launch::PipeshardOptions::default();
+    let plan_for = |kv_unified: bool| {
+        let cp = engine::ContextParams {
+            n_ctx: 17408,
+            n_seq_max: 4,
+            kv_unified,
+            flash_attention: engine::FlashAttention::On,
+            ..Default::default()
+        };
+        let workload = plan::Workload {
+            parallel: 4,
+            ..Default::default()
+        };
+        let mut req = launch::LaunchRequest::new(Path::new("m.gguf"), &options, 16, workload).unwrap();
+        req.full_slot_prompt = true;
+        let mut pr = launch::plan_request(&req, &info, &cp, 4 * GIB, &profile).0;
+        pr.compute_scale = 0.344;
+        (plan::make_plan(&info, &profile, &pr).unwrap(), pr)
+    };
+    let (split, split_req) = plan_for(false);
+    let (unified, unified_req) = plan_for(true);
+    assert_eq!(split.workload, unified.workload);
+    assert_eq!(split.workload.prompt_tokens, 4352 - 64);
+    let all_kv = |req: &PlanRequest| plan::kv_bytes(&info, req, info.n_layer, 4096);
+    assert_eq!(all_kv(&split_req), all_kv(&unified_req));
+    assert!(
+        split.predicted.decode_tok_s >= unified.predicted.decode_tok_s,
+        "{} vs {}",
+        split.predicted.decode_tok_s,
+        unified.predicted.decode_tok_s
+    );
+    // Either plan priced in the other layout: the unified stream's
+    // attention costs more.
+    let priced = |p: &plan::Plan, kv_unified: bool| {
+        let mut cm = plan::CostModel::new(&info, &profile, p.streaming, p.pinned, Default::default(), None);
+        cm.kv_unified = kv_unified;
+        plan::predict(&info, &cm, p).decode_tok_s
+    };
+    for p in [&split, &unified] {
+        assert!(
+            priced(p, false) > priced(p, true),
+            "{} vs {}",
+            priced(p, false),
+            priced(p, true)
+        );
+    }
 }
 
 /// A server's slots decode together: with `-np 4` its plan prices the

@@ -9,7 +9,7 @@
 # device memory as nvidia-smi reports it.
 #
 # Run from the repository root with dist/ from scripts/device/pack.sh:
-#   bash scripts/device/server-bench.sh all        (or: r2, r1k, vl)
+#   bash scripts/device/server-bench.sh all        (or: r2, r1k, vl, np4)
 # Everything lands in $PIPESHARD_WORK/results (default /root/w/results).
 set -euo pipefail
 W=${PIPESHARD_WORK:-/root/w}
@@ -118,10 +118,55 @@ r2_4() {
     for ((r = 1; r < ${ROUNDS:-2}; r++)); do clients 4 | tee -a "$RES/$name.clients"; done
     stop "$name"
 }
+# r2_4d NAME [EXTRA...]: four clients at llama-server's default flags for an
+# explicit -np (a KV stream per slot, no --kv-unified), as a user runs it.
+r2_4d() {
+    local name=$1; shift
+    prepare; synth r2 qwen3-30b-a3b q4_0
+    (($#)) || set -- --vram-budget 4GiB
+    serve "$name" -m "$W/r2.gguf" -c 17408 -np 4 "$@"
+    grep -E "pipeshard plan for|kv_unified" "$RES/$name.log" | tail -2
+    clients 4 | tee "$RES/$name.clients"       # target (issue 40): >= 0.95x the --kv-unified total
+    local r
+    for ((r = 1; r < ${ROUNDS:-2}; r++)); do clients 4 | tee -a "$RES/$name.clients"; done
+    stop "$name"
+}
+
+# np4: four clients with a stream per slot (default flags) and with
+# --kv-unified, interleaved, REPS times (default 3), each ROUNDS rounds of
+# clients; then the median totals and their ratio. ROUTING=calibrated (or
+# synthetic, uniform) serves with --bench-routing, which the rows' flags name;
+# TIMING=1 logs the scheduler's per-graph timing (GGML_SCHED_TIMING) into each
+# server's log.
+np4() {
+    local extra=(--vram-budget 4GiB) i
+    [[ -z ${ROUTING:-} ]] || extra+=(--bench-routing "$ROUTING")
+    [[ ${TIMING:-0} == 0 ]] || export GGML_SCHED_TIMING=1
+    for ((i = 1; i <= ${REPS:-3}; i++)); do
+        r2_4d "np4-default-$i" "${extra[@]}"
+        r2_4 "np4-unified-$i" "${extra[@]}"
+    done
+    python3 - "$RES" "${REPS:-3}" <<'PY' | tee "$RES/np4.txt"
+import json, statistics, sys
+res, reps = sys.argv[1], int(sys.argv[2])
+def totals(kind):
+    out = []
+    for i in range(1, reps + 1):
+        for line in open(f"{res}/np4-{kind}-{i}.clients"):
+            j = json.loads(line)
+            if "decode_tok_s_total" in j:
+                out.append(j["decode_tok_s_total"])
+    return out
+d, u = totals("default"), totals("unified")
+md, mu = statistics.median(d), statistics.median(u)
+print(json.dumps({"default_flags": d, "kv_unified": u, "median_default": md, "median_unified": mu, "ratio": round(md / mu, 3)}))
+PY
+}
 
 r2() {
     r2_1 r2-1
     r2_4 r2-4
+    r2_4d r2-4d
 }
 
 # r1k: R1 in Q4_K_M at 2 GiB, one client, two rounds (target: within 10%

@@ -163,6 +163,10 @@ pub struct PlanArgs {
     /// together, one token of each per ubatch, a tier of its own.
     #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
     pub parallel: u32,
+    /// One KV stream for all sequences (llama.cpp's --kv-unified) instead
+    /// of one per sequence, llama-server's layout for an explicit -np.
+    #[arg(long = "kv-unified")]
+    pub kv_unified: bool,
     /// Flash attention: on, off or auto (as llama.cpp's -fa).
     #[arg(long = "flash-attn", visible_alias = "fa", default_value = "auto")]
     pub flash_attn: String,
@@ -237,6 +241,7 @@ pub fn plan_cmd(global: &GlobalArgs, args: PlanArgs) -> Result<()> {
     let cp = engine::ContextParams {
         n_ctx: args.ctx_size.min(u32::MAX as u64) as u32,
         n_seq_max: args.parallel.max(1),
+        kv_unified: args.kv_unified,
         flash_attention: super::run::parse_flash_attn(&args.flash_attn)?,
         type_k: args.cache_type_k.as_deref().map(parse_kv_type).transpose()?,
         type_v: args.cache_type_v.as_deref().map(parse_kv_type).transpose()?,

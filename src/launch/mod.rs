@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use crate::engine::{self, ContextParams, FlashAttention, ModelParams};
 use crate::gguf::{GgmlType, ModelInfo};
 use crate::plan::apply::{apply, ApplyError};
-use crate::plan::{fmt_bytes, Plan, PlanError, PlanRequest, Workload};
+use crate::plan::{fmt_bytes, KvStreams, Plan, PlanError, PlanRequest, Workload};
 use crate::profile::{self, MachineProfile, Missing, ProfileError, ProfileKey, ProfileMode, TypesUsed};
 
 /// Why a model cannot be launched as asked.
@@ -252,13 +252,15 @@ pub fn plan_request(
     let mut pr = PlanRequest::new(budget, n_ctx + req.side_contexts.iter().sum::<u64>());
     pr.workload = req.workload;
     if req.full_slot_prompt {
-        // With a unified cache one slot may hold the whole context, unless
-        // the workload has the slots decoding together: then each holds its
+        // A slot holds what llama-server gives it: its own stream (llama.cpp
+        // pads it), or with a unified cache the whole context, unless the
+        // workload has the slots decoding together: then each holds its
         // share.
-        let per_seq = if cp.kv_unified && req.workload.parallel <= 1 {
-            n_ctx
-        } else {
-            n_ctx / cp.n_seq_max.max(1) as u64
+        let kv = KvStreams::new(n_ctx, u64::from(cp.n_seq_max.max(1)), cp.kv_unified);
+        let per_seq = match (kv.unified(), req.workload.parallel <= 1) {
+            (false, _) => kv.cells,
+            (true, true) => n_ctx,
+            (true, false) => n_ctx / kv.n_seq,
         };
         pr.workload.prompt_tokens = per_seq.saturating_sub(pr.workload.gen_tokens).max(1);
     }

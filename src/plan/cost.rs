@@ -229,6 +229,10 @@ pub struct CostModel<'a> {
     /// The routing locality that prices the expert cache (patch 0040) in
     /// decode; None prices every routed expert as copied.
     pub cache_locality: Option<Locality>,
+    /// The sequences share one KV stream ([`crate::plan::KvStreams`]): a
+    /// token's attention runs over the cells of all of them (the others'
+    /// masked), not over its own sequence's.
+    pub kv_unified: bool,
 }
 
 /// A tensor the planner has no role for stays resident with its layer up to
@@ -279,6 +283,7 @@ impl<'a> CostModel<'a> {
             dense_split: None,
             gpu_only: false,
             cache_locality: None,
+            kv_unified: true,
         };
         cm.routed_max_tokens = cm.find_routed_max_tokens();
         cm
@@ -618,6 +623,15 @@ impl<'a> CostModel<'a> {
     /// 2 GiB with 28 of 32 KV layers in host memory decoded 8.5 tok/s where
     /// pricing the copy as free of the link predicted 17, CHANGELOG.md, session 8).
     pub fn attention(&self, layer: u32, n: u64, n_kv: u64, kv_on_gpu: bool) -> (f64, f64) {
+        self.attention_shared(layer, n, n_kv, 0, kv_on_gpu)
+    }
+
+    /// [`CostModel::attention`] in a KV stream that other sequences share:
+    /// besides its own `n_kv` cells a token's attention passes over `masked`
+    /// cells of theirs. The GPU's kernels compute them (their scores are
+    /// masked, not skipped) and a copy of host cells moves them; the CPU's
+    /// kernel skips a masked cell after reading its mask.
+    pub fn attention_shared(&self, layer: u32, n: u64, n_kv: u64, masked: u64, kv_on_gpu: bool) -> (f64, f64) {
         let n_head = self.model.n_head.get(layer as usize).copied().unwrap_or(0) as u64;
         if n_head == 0 {
             return (0.0, 0.0);
@@ -637,19 +651,21 @@ impl<'a> CostModel<'a> {
                 .attention_seconds(device, self.model.head_dim_k, n_head, n, state_rows);
             return (s, 0.0);
         }
-        let n_kv = match (self.model.is_swa(layer), self.model.sliding_window) {
-            (true, Some(w)) => n_kv.min(w),
-            _ => n_kv,
+        // A sliding window holds the other sequences' windows only.
+        let (n_kv, masked) = match (self.model.is_swa(layer), self.model.sliding_window) {
+            (true, Some(w)) => (n_kv.min(w), masked * n_kv.min(w) / n_kv.max(1)),
+            _ => (n_kv, masked),
         };
-        let on = |device| {
+        let on = |device, cells| {
             self.profile
-                .attention_seconds(device, self.model.head_dim_k, n_head, n, n_kv)
+                .attention_seconds(device, self.model.head_dim_k, n_head, n, cells)
         };
+        let gpu = on(Device::Gpu, n_kv + masked);
         if kv_on_gpu {
-            return (on(Device::Gpu), 0.0);
+            return (gpu, 0.0);
         }
         if !self.profile.has_gpu() {
-            return (on(Device::Cpu), 0.0);
+            return (on(Device::Cpu, n_kv), 0.0);
         }
         // Small batches attend where their projections ran: on the CPU,
         // unless the plan is exact and runs every projection on the GPU.
@@ -662,18 +678,18 @@ impl<'a> CostModel<'a> {
         // decoded 26.2; Gemma-3-27B Q4_K_M at 8 GiB, 10.3 predicted and 5.0
         // measured; bench/results/summary.json, calls 2026-11-29-a, -c.)
         if n < GPU_ATTENTION_MIN_BATCH && !self.gpu_only {
-            let s = on(Device::Cpu);
+            let s = on(Device::Cpu, n_kv);
             return (s, s);
         }
         let per_token = self
             .model
             .kv_bytes_per_token(layer, GgmlType::F16, GgmlType::F16)
             .unwrap_or(0);
-        let copied = per_token * (n_kv + n / 2);
+        let copied = per_token * (n_kv + masked + n / 2);
         // A CPU layer's KV cache is in the GPU's pinned host buffer (patch
         // 0018), copied in stream order without a drain.
         let pinned = self.profile.link.as_ref().map_or(f64::INFINITY, |l| l.h2d_pinned);
         let copy = copied as f64 / pinned;
-        (on(Device::Gpu) + copy, copy)
+        (gpu + copy, copy)
     }
 }

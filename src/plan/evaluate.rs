@@ -274,22 +274,27 @@ impl Evaluator {
             })
             .collect();
         // Attention: prompt chunks at increasing depth, decode and
-        // verification at the middle of the generated tokens.
+        // verification at the middle of the generated tokens. Sequences
+        // sharing one KV stream pass over each other's cells too: a decode
+        // token over every other sequence's, a prompt over those of the
+        // prompts before it (half of the others', on average).
+        let others = if cm.kv_unified { par - 1 } else { 0 };
         let (attention, attention_link): (Vec<f64>, Vec<f64>) = sizes
             .iter()
             .enumerate()
             .map(|(si, &(n, _))| {
-                let depths: Vec<u64> = if si >= decode {
-                    vec![p + workload.gen_tokens / 2]
+                let (depths, masked): (Vec<u64>, u64) = if si >= decode {
+                    let d = p + workload.gen_tokens / 2;
+                    (vec![d], others * d)
                 } else if n == u64_ {
-                    (0..full).map(|c| c * u64_).collect()
+                    ((0..full).map(|c| c * u64_).collect(), others * p / 2)
                 } else {
-                    vec![full * u64_]
+                    (vec![full * u64_], others * p / 2)
                 };
                 depths
                     .iter()
                     .flat_map(|&d| (0..model.n_layer).map(move |l| (l, d)))
-                    .map(|(l, d)| cm.attention(l, n, d + n / 2, l >= kv_gpu_from))
+                    .map(|(l, d)| cm.attention_shared(l, n, d + n / 2, masked, l >= kv_gpu_from))
                     .fold((0.0, 0.0), |(s, k), (a, c)| (s + a, k + c))
             })
             .unzip();

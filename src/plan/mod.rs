@@ -601,48 +601,87 @@ pub fn kv_bytes(model: &ModelInfo, req: &PlanRequest, gpu_layers: u32, ubatch: u
 }
 
 /// What `layer` keeps per context under `req` with ubatch `ubatch`: its KV
-/// cache at `n_ctx` tokens (padded to 256); in a sliding-window layer what
-/// llama.cpp's SWA cache holds (the sequences' windows plus a ubatch, never
-/// more than the context); and a fixed state per sequence in a recurrent
-/// layer.
+/// cache, every cell of every stream ([`KvStreams`]); in a sliding-window
+/// layer what llama.cpp's SWA cache holds (the sequences' windows plus a
+/// ubatch, never more than a stream); and a fixed state per sequence in a
+/// recurrent layer.
 pub fn layer_cache_bytes(model: &ModelInfo, req: &PlanRequest, layer: u32, ubatch: u64) -> u64 {
     if model.is_recurrent(layer) {
         return model.state_bytes(layer, u64::from(req.workload.decode_tokens()));
     }
-    let n_ctx = req.n_ctx.div_ceil(256) * 256;
+    let kv = KvStreams::of(req);
     let per_tok = model.kv_bytes_per_token(layer, req.type_k, req.type_v).unwrap_or(0);
     let cells = match (model.is_swa(layer), model.sliding_window) {
-        (true, Some(w)) => swa_cells(
-            n_ctx,
-            w,
-            ubatch,
-            u64::from(req.workload.parallel.max(1)),
-            req.kv_unified,
-        ),
-        _ => n_ctx,
+        (true, Some(w)) => kv.swa_cells(w, ubatch),
+        _ => kv.cells,
     };
-    per_tok * cells
+    per_tok * cells * kv.streams
 }
 
-/// Cells of llama.cpp's SWA cache (`llama_kv_cache_iswa`, without
-/// `swa_full`) for `n_seq` sequences sharing `n_ctx` tokens: one stream of
-/// `n_seq` windows plus a ubatch when unified, else a stream per sequence
-/// of its window plus a ubatch.
-fn swa_cells(n_ctx: u64, window: u64, ubatch: u64, n_seq: u64, unified: bool) -> u64 {
-    let pad = |n: u64| n.div_ceil(256) * 256;
-    if unified {
-        pad(n_ctx.min(window * n_seq + ubatch))
-    } else {
-        n_seq * pad((n_ctx / n_seq).min(window + ubatch))
+/// The KV cache's layout as llama.cpp makes it (`llama_context`'s
+/// `n_ctx_seq`): the context padded to 256 cells, in one stream for every
+/// sequence when unified (`kv_unified`), else in a stream per sequence of
+/// its share, padded to 256 cells again, so that the streams together can
+/// hold more than the context (`-c 17000 -np 4`: 4 x 4352 cells, not 17152).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvStreams {
+    /// Streams: 1 when unified, else one per sequence.
+    pub streams: u64,
+    /// Cells of each stream (a full-attention layer's KV cache holds them all).
+    pub cells: u64,
+    /// The sequences sharing the context (`n_seq_max`).
+    pub n_seq: u64,
+}
+
+impl KvStreams {
+    /// The layout of `n_ctx` tokens for `n_seq` sequences.
+    pub fn new(n_ctx: u64, n_seq: u64, unified: bool) -> KvStreams {
+        let pad = |n: u64| n.div_ceil(256) * 256;
+        let (n_ctx, n_seq) = (pad(n_ctx), n_seq.max(1));
+        if unified || n_seq == 1 {
+            KvStreams {
+                streams: 1,
+                cells: n_ctx,
+                n_seq,
+            }
+        } else {
+            KvStreams {
+                streams: n_seq,
+                cells: pad(n_ctx / n_seq),
+                n_seq,
+            }
+        }
+    }
+
+    /// The layout of `req`'s context, its sequences being the workload's.
+    pub fn of(req: &PlanRequest) -> KvStreams {
+        KvStreams::new(req.n_ctx, u64::from(req.workload.parallel.max(1)), req.kv_unified)
+    }
+
+    /// Whether every sequence is in one stream.
+    pub fn unified(&self) -> bool {
+        self.streams == 1
+    }
+
+    /// Cells of each stream of llama.cpp's SWA cache (`llama_kv_cache_iswa`,
+    /// without `swa_full`): the windows of the sequences the stream holds
+    /// plus a ubatch, padded to 256, never more than the stream.
+    pub fn swa_cells(&self, window: u64, ubatch: u64) -> u64 {
+        let per_stream = if self.unified() { self.n_seq } else { 1 };
+        (window * per_stream + ubatch)
+            .div_ceil(256)
+            .min(self.cells.div_ceil(256))
+            * 256
     }
 }
 
 /// Attention scores without flash attention: a ubatch of `u` tokens
-/// against the whole (padded) context, for every head, in F32, and the
-/// softmax beside them.
-pub(crate) fn attention_scores_bytes(model: &ModelInfo, u: u64, n_ctx: u64) -> u64 {
+/// against every cell of its stream (each token sees one stream: with a
+/// stream per sequence, the ubatch's tokens divide among them), for every
+/// head, in F32, and the softmax beside them.
+pub(crate) fn attention_scores_bytes(model: &ModelInfo, u: u64, kv: KvStreams) -> u64 {
     let n_head = model.n_head.iter().copied().max().unwrap_or(0) as u64;
-    u * n_ctx.div_ceil(256) * 256 * n_head * 4 * 2
+    u * kv.cells * n_head * 4 * 2
 }
 
 /// The compute memory a plan for `req` prices at ubatch `u`: the
@@ -653,7 +692,7 @@ pub(crate) fn planned_compute(model: &ModelInfo, req: &PlanRequest, u: u64, stre
     let scores = if req.flash_attention {
         0
     } else {
-        attention_scores_bytes(model, u, req.n_ctx)
+        attention_scores_bytes(model, u, KvStreams::of(req))
     };
     ((compute_bytes(model, u, streamed_layer_bytes) + scores) as f64 * req.compute_scale) as u64 + small_bytes(model)
 }

@@ -48,6 +48,7 @@ fn cost_model<'a>(model: &'a ModelInfo, profile: &'a MachineProfile, req: &PlanR
     cm.gpu_only = req.exact;
     cm.dense_split = req.dense_split;
     cm.cache_locality = req.cache_locality;
+    cm.kv_unified = req.kv_unified;
     cm
 }
 

@@ -145,10 +145,13 @@ impl ServerState {
         };
         let plan = launched.plan;
         tracing::info!(
-            "pipeshard plan for {}: ubatch {}, {} of weights resident, VRAM {} of {} ({} outside llama.cpp's buffers), {} stream slots, predicted {:.1} tok/s",
+            "pipeshard plan for {}: ubatch {}, {} of weights resident, KV of {} of {} layers on the GPU ({}), VRAM {} of {} ({} outside llama.cpp's buffers), {} stream slots, predicted {:.1} tok/s",
             req.model.display(),
             plan.ubatch,
             plan::fmt_bytes(plan.resident_bytes()),
+            plan.kv_gpu_layers,
+            plan.n_layer,
+            if cp.kv_unified || cp.n_seq_max <= 1 { "one stream" } else { "a stream per slot" },
             plan::fmt_bytes(plan.vram.total),
             plan::fmt_bytes(plan.vram.budget),
             plan::fmt_bytes(plan.vram.reserve),
