@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::{LaunchError, Session};
 use crate::engine::{Context, ContextRef, Token};
-use crate::plan::{Exec, Plan};
+use crate::plan::{set_row_split, Exec, Plan, RowSplit};
 
 /// The knob a plan's decode split turns.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -30,6 +30,11 @@ pub enum SplitKnob {
     /// Dense row split: the GPU's share of each host feed-forward weight's
     /// rows, in units of [`ROW_SHARE_UNIT`] from the plan's.
     Rows { start: f64 },
+    /// Dense row split with ffn_down streamed whole (the plan's mode,
+    /// [`Plan::row_split_down_whole`]): the GPU's share of up's and gate's
+    /// rows, in units of [`ROW_SHARE_UNIT`] from the plan's. The mode stays:
+    /// the plan no longer holds ffn_down's split.
+    RowsDownWhole { start: f64 },
 }
 
 /// The unit of a row share's offset: the search climbs in steps of
@@ -41,11 +46,8 @@ pub const ROW_CLIMB_UNITS: i32 = 2;
 /// The least row share on either side (the GPU's and the CPU's).
 const ROW_SHARE_MIN: f64 = 0.05;
 /// The least GPU share of up's and gate's rows with ffn_down streamed
-/// whole: one unit. There the link carries ffn_down whole, and each unit
-/// of up and gate more costs link time: R1 at 2 GiB on an H200 host
-/// probed 28.56 ms per step at 5% and 30.41 at 10%, and kept the least
-/// share the search allowed then, 5% (CHANGELOG.md, session 24, call b).
-const WHOLE_SHARE_MIN: f64 = ROW_SHARE_UNIT;
+/// whole, one unit ([`crate::plan::row_split::DOWN_WHOLE_LEAST_SHARE`]).
+const WHOLE_SHARE_MIN: f64 = crate::plan::row_split::DOWN_WHOLE_LEAST_SHARE;
 /// Offsets from this one up name [`SplitSetting::RowsDownWhole`] at
 /// `(offset - WHOLE_BASE)` units of [`ROW_SHARE_UNIT`] (a share, not an
 /// offset from the plan's).
@@ -133,8 +135,11 @@ impl SplitKnob {
             });
         }
         let split = plan.tensors.iter().any(|t| !t.resident && !t.gpu_share.is_empty());
-        (split && plan.row_split_share > 0.0).then_some(SplitKnob::Rows {
-            start: plan.row_split_share,
+        let start = plan.row_split_share;
+        (split && start > 0.0).then_some(if plan.row_split_down_whole {
+            SplitKnob::RowsDownWhole { start }
+        } else {
+            SplitKnob::Rows { start }
         })
     }
 
@@ -145,6 +150,7 @@ impl SplitKnob {
         match *self {
             SplitKnob::Experts { start, .. } => SplitSetting::Experts(start),
             SplitKnob::Rows { start } => SplitSetting::Rows(start),
+            SplitKnob::RowsDownWhole { start } => SplitSetting::RowsDownWhole(start),
         }
     }
 
@@ -174,6 +180,11 @@ impl SplitKnob {
                 let s = start + offset as f64 * ROW_SHARE_UNIT;
                 (lo..=hi).contains(&s).then_some(SplitSetting::Rows(s))
             }
+            SplitKnob::RowsDownWhole { start } => {
+                let s = start + offset as f64 * ROW_SHARE_UNIT;
+                (offset < WHOLE_BASE && (WHOLE_SHARE_MIN - 1e-9..=hi).contains(&s))
+                    .then_some(SplitSetting::RowsDownWhole(s))
+            }
         }
     }
 
@@ -181,53 +192,32 @@ impl SplitKnob {
     fn climb_units(&self) -> i32 {
         match self {
             SplitKnob::Experts { .. } => 1,
-            SplitKnob::Rows { .. } => ROW_CLIMB_UNITS,
+            SplitKnob::Rows { .. } | SplitKnob::RowsDownWhole { .. } => ROW_CLIMB_UNITS,
         }
     }
 }
 
-/// `plan` with its decode split set to `setting`: the shares the callbacks
-/// answer, and with ffn_down whole the ops that stream instead, nothing
-/// else (the residency and memory stay the plan's). The feed-forward
-/// weights' share is the setting's; the output projection keeps its own
-/// (patch 0043, see [`crate::plan::CostModel::output_split`]).
+/// `plan` with its decode split set to `setting`: the experts the GPU
+/// computes, or the row split ([`crate::plan::set_row_split`]); nothing
+/// else (the residency and memory stay the plan's).
 pub fn with_setting(plan: &Plan, setting: SplitSetting) -> Plan {
     let mut p = plan.clone();
     match setting {
         SplitSetting::Experts(k) => p.hybrid_gpu_experts = k,
-        SplitSetting::Rows(share) | SplitSetting::RowsDownWhole(share) => {
-            let down_whole = matches!(setting, SplitSetting::RowsDownWhole(_));
-            p.row_split_share = share;
-            p.row_split_down_whole |= down_whole;
-            // The tiers where ffn_down splits: with ffn_down whole, it
-            // streams there (the CPU copies made for it at load go unused),
-            // and so do the attention weights the CPU would compute there,
-            // so that the CPU computes one part per layer (up's and gate's
-            // rows) and hands over to the GPU once.
-            let tiers: Vec<u32> = p
-                .tensors
-                .iter()
-                .filter(|t| down_whole && t.role == "FfnDown")
-                .flat_map(|t| t.gpu_share.iter().map(|&(n, _)| n))
-                .collect();
-            let kv_gpu_from = p.n_layer.saturating_sub(p.kv_gpu_layers);
-            for t in &mut p.tensors {
-                let attention = t.role.starts_with("Attn") && t.layer.is_some_and(|l| l >= kv_gpu_from);
-                if !t.resident && (t.role == "FfnDown" || attention) {
-                    t.gpu_share.retain(|(n, _)| !tiers.contains(n));
-                    for (n, e) in &mut t.exec {
-                        if matches!(*e, Exec::Split | Exec::Cpu) && tiers.contains(n) {
-                            *e = Exec::Stream;
-                        }
-                    }
-                }
-                if crate::plan::is_dense_ffn(&t.role) {
-                    for (_, s) in &mut t.gpu_share {
-                        *s = share;
-                    }
-                }
-            }
-        }
+        SplitSetting::Rows(share) => set_row_split(
+            &mut p,
+            RowSplit {
+                share,
+                down_whole: false,
+            },
+        ),
+        SplitSetting::RowsDownWhole(share) => set_row_split(
+            &mut p,
+            RowSplit {
+                share,
+                down_whole: true,
+            },
+        ),
     }
     p
 }
@@ -286,7 +276,7 @@ impl ShareSearch {
                 every: true,
                 ..ShareSearch::with_limits(knob, max as usize, 0.02)
             },
-            SplitKnob::Rows { .. } => ShareSearch::with_limits(knob, 12, 0.02),
+            SplitKnob::Rows { .. } | SplitKnob::RowsDownWhole { .. } => ShareSearch::with_limits(knob, 12, 0.02),
         }
     }
 
@@ -1386,6 +1376,34 @@ mod tests {
         let t = search_split_within(knob, &mut probe, None).unwrap();
         assert!(probe.probes > 10);
         assert_whole(t.chosen, 0.05);
+    }
+
+    #[test]
+    fn a_plan_with_ffn_down_whole_searches_up_and_gates_share_alone() {
+        // The plan's mode is kept (its ffn_down no longer splits): the
+        // climb walks up's and gate's share with ffn_down whole, from the
+        // plan's least share, and probes nothing else.
+        let knob = SplitKnob::RowsDownWhole { start: 0.025 };
+        assert_eq!(knob.planned(), SplitSetting::RowsDownWhole(0.025));
+        assert_eq!(knob.setting(-1), None, "below the least share");
+        assert_eq!(knob.setting(WHOLE_BASE + 2), None);
+        assert_whole(knob.setting(4).unwrap(), 0.125);
+        // R1 Q4_K_M at 2 GiB on an H200 host (call 2026-11-29-d): fastest
+        // at 5% of up and gate with ffn_down whole.
+        let ms = |x: SplitSetting| match x {
+            SplitSetting::RowsDownWhole(s) => 32.0 + 40.0 * (s - 0.05).abs(),
+            other => panic!("{other}"),
+        };
+        let mut search = ShareSearch::new(knob);
+        let order = run(&mut search, ms);
+        assert!(order.len() <= 6, "{order:?}");
+        assert_whole(search.best(), 0.05);
+        let mut probe = Recorded::new(knob, ms);
+        let t = search_split(knob, &mut probe).unwrap();
+        assert_eq!(
+            (t.planned, t.chosen, probe.in_force),
+            (knob.planned(), search.best(), search.best())
+        );
     }
 
     #[test]

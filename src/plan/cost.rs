@@ -229,6 +229,9 @@ pub struct CostModel<'a> {
     /// The routing locality that prices the expert cache (patch 0040) in
     /// decode; None prices every routed expert as copied.
     pub cache_locality: Option<Locality>,
+    /// Decode may run the dense row split with ffn_down streamed whole
+    /// ([`crate::plan::RowSplit::down_whole`]) where that is faster.
+    pub split_down_whole: bool,
 }
 
 /// A tensor the planner has no role for stays resident with its layer up to
@@ -279,6 +282,7 @@ impl<'a> CostModel<'a> {
             dense_split: None,
             gpu_only: false,
             cache_locality: None,
+            split_down_whole: true,
         };
         cm.routed_max_tokens = cm.find_routed_max_tokens();
         cm
