@@ -793,14 +793,17 @@ fn below_the_smallest_plan_a_plan_in_force_near_it_stays() {
 }
 
 /// The server's loop steps the model's session between batches
-/// ([`pipeshard::launch::Session::between_batches`]): on real decode steps
-/// of the default model on the CPU, the split the plan leaves open is timed
-/// at its setting and around it until one is chosen, which is then in
-/// force and reported once. A second session of the same launch, never
-/// stepped, is still tuning at the plan's own setting.
+/// ([`pipeshard::launch::Session::between_batches`]): at its first call,
+/// before any request, the split the plan leaves open is timed on real
+/// decode steps of the default model on the CPU (a synthetic prompt, then
+/// steps after it) until one is chosen, which is then in force and
+/// reported once, and the context is left empty; no request is served at a
+/// probe's setting. A session whose context already holds a sequence, or
+/// whose context is too short for the steps, keeps the plan's setting. A
+/// session never stepped still has its tuning pending.
 #[test]
-fn a_session_tunes_its_split_on_the_steps_a_server_serves() {
-    use pipeshard::engine::{self, Context, ContextParams, Model, ModelParams, Token};
+fn a_session_tunes_its_split_before_a_server_serves() {
+    use pipeshard::engine::{self, Context, ContextParams, Model, ModelParams};
     use pipeshard::launch::{Launch, ProcessOverhead, Session, SplitKnob};
 
     engine::init(None).unwrap();
@@ -816,20 +819,17 @@ fn a_session_tunes_its_split_on_the_steps_a_server_serves() {
         split_knob: Some(knob),
         plan,
     };
-    let (mut served, mut idle) = (Session::new(&launch), Session::new(&launch));
     let changed: Arc<Mutex<Vec<(u32, u64)>>> = Arc::default();
-    let c = Arc::clone(&changed);
-    served.on_plan_changed(Arc::new(move |p: &Plan, budget| {
-        c.lock().unwrap().push((p.hybrid_gpu_experts, budget))
-    }));
-    let cp = ContextParams {
-        n_ctx: 512,
-        ..Default::default()
+    let session = |cp: &ContextParams| {
+        let mut s = Session::new(&launch);
+        let c = Arc::clone(&changed);
+        s.on_plan_changed(Arc::new(move |p: &Plan, budget| {
+            c.lock().unwrap().push((p.hybrid_gpu_experts, budget))
+        }));
+        s.tune_before_serving(cp);
+        assert!(s.tune_pending());
+        s
     };
-    served.tune_while_serving(&cp);
-    idle.tune_while_serving(&cp);
-    assert!(served.tuning_while_serving() && idle.tuning_while_serving());
-
     let model = Model::load(
         &common::default_model_path(),
         ModelParams {
@@ -838,20 +838,31 @@ fn a_session_tunes_its_split_on_the_steps_a_server_serves() {
         },
     )
     .unwrap();
-    let mut ctx = Context::new(&model, cp).unwrap();
-    let mut tok: Token = 1;
-    for pos in 0..400 {
-        ctx.decode_tokens(&[tok], pos, true).unwrap();
-        tok = ctx.greedy_token(-1).unwrap();
-        served.between_batches(ctx.context_ref());
-        if !served.tuning_while_serving() {
-            break;
-        }
+    let cp = ContextParams {
+        n_ctx: 512,
+        ..Default::default()
+    };
+    let (mut served, idle) = (session(&cp), session(&cp));
+    let mut ctx = Context::new(&model, cp.clone()).unwrap();
+    served.between_batches(ctx.context_ref());
+    assert!(!served.tune_pending());
+    {
+        let changed = changed.lock().unwrap();
+        assert_eq!(*changed, [(served.plan().hybrid_gpu_experts, launch.budget)]);
     }
-    assert!(!served.tuning_while_serving(), "no split chosen within 400 steps");
-    let changed = changed.lock().unwrap();
-    assert_eq!(changed.len(), 1, "{changed:?}");
-    assert_eq!(changed[0], (served.plan().hybrid_gpu_experts, launch.budget));
-    assert!(idle.tuning_while_serving());
+    assert_eq!(ctx.seq_pos_max(0), -1, "the tuning's cells are removed");
+    served.between_batches(ctx.context_ref());
+    assert_eq!(changed.lock().unwrap().len(), 1, "tuned once");
+    assert!(idle.tune_pending());
     assert_eq!(idle.plan().hybrid_gpu_experts, launch.plan.hybrid_gpu_experts);
+
+    // A context holding a sequence already: the plan's setting stays,
+    // nothing is reported, the sequence is left as it was.
+    let mut held = session(&cp);
+    ctx.decode_tokens(&[1, 2, 3], 0, true).unwrap();
+    held.between_batches(ctx.context_ref());
+    assert_eq!(ctx.seq_pos_max(0), 2);
+    assert!(!held.tune_pending());
+    assert_eq!(held.plan().hybrid_gpu_experts, launch.plan.hybrid_gpu_experts);
+    assert_eq!(changed.lock().unwrap().len(), 1);
 }

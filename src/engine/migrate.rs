@@ -97,7 +97,13 @@ impl ContextRef<'_> {
         }
     }
 
-    fn model(&self) -> *const ffi::llama_model {
+    /// The raw context, for the borrowed decode steps of this module's
+    /// siblings ([`super::borrowed_decode`]).
+    pub(super) fn raw(&self) -> *mut ffi::llama_context {
+        self.ptr.as_ptr()
+    }
+
+    pub(super) fn model(&self) -> *const ffi::llama_model {
         // SAFETY: a live context; the model outlives it.
         unsafe { ffi::llama_get_model(self.ptr.as_ptr()) }
     }

@@ -7,16 +7,15 @@
 //!
 //! ```text
 //! Launch::install ─► Session ─┬─ enter_decode / leave_decode    Phase::Prompt ⇄ Phase::Decode
-//!                             ├─ tune_split (run, bench), between_batches' step tuner (server)
+//!                             ├─ tune_split (run, bench), tune_served at the server loop's first call
 //!                             └─ the follower's re-plans, applied between batches
 //! ```
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::decode::Decoding;
 use super::live::{self, EngineMoves, Follower, Hooks};
-use super::tune::{with_setting, SplitKnob, StepAction, StepTuner};
+use super::tune::{self, SplitKnob};
 use super::{Launch, LaunchError};
 use crate::engine::{Context, ContextParams, ContextRef};
 use crate::plan::{Plan, PolicySwitch};
@@ -36,15 +35,6 @@ pub enum Phase {
     Decode(Option<Box<Decoding>>),
 }
 
-/// The decode split timed on the steps a server decodes anyway.
-struct ServedTuning {
-    tuner: StepTuner,
-    /// The context's streaming slots and routed threshold, set again to
-    /// rebuild its graphs.
-    stream: (u32, u32),
-    origin: Instant,
-}
-
 /// One loaded model's running state.
 pub struct Session {
     launch: Launch,
@@ -54,7 +44,10 @@ pub struct Session {
     pub(super) phase: Phase,
     /// The decode split the plan leaves open, until it is tuned.
     pub(super) split_knob: Option<SplitKnob>,
-    served: Option<ServedTuning>,
+    /// The decode split to tune before a server's first request: the
+    /// context's streaming slots and routed threshold, set again to
+    /// rebuild its graphs.
+    served_tune: Option<(u32, u32)>,
     follower: Option<Arc<Follower>>,
     plan_changed: Option<PlanChanged>,
 }
@@ -69,7 +62,7 @@ impl Session {
             switch: PolicySwitch::new(&launch.plan),
             phase: Phase::Prompt,
             split_knob: launch.split_knob,
-            served: None,
+            served_tune: None,
             follower: None,
             plan_changed: None,
             launch: launch.clone(),
@@ -166,34 +159,27 @@ impl Session {
         Ok(())
     }
 
-    /// Tune the decode split on the steps a server serves, where the plan
-    /// leaves one open and the card is not followed (a re-plan sets its own
-    /// share); `cp` holds the installed parameters.
-    pub fn tune_while_serving(&mut self, cp: &ContextParams) {
-        if self.launch.replan.is_some() {
-            return;
+    /// Tune the decode split before a server serves its first request,
+    /// where the plan leaves one open and the card is not followed (a
+    /// re-plan sets its own share): at the loop's first call
+    /// ([`Session::between_batches`], [`tune::tune_served`]), so that no
+    /// request is served at a probe's setting. `cp` holds the installed
+    /// parameters.
+    pub fn tune_before_serving(&mut self, cp: &ContextParams) {
+        if self.launch.replan.is_none() && self.split_knob.is_some() {
+            self.served_tune = Some((cp.stream_slots, cp.stream_routed_max));
         }
-        let Some(knob) = self.split_knob.take() else {
-            return;
-        };
-        tracing::info!(
-            "decode split: {} planned; the first decode steps served time it and the others around it",
-            knob.planned()
-        );
-        self.served = Some(ServedTuning {
-            tuner: StepTuner::new(knob),
-            stream: (cp.stream_slots, cp.stream_routed_max),
-            origin: Instant::now(),
-        });
     }
 
-    /// The server's loop, between two batches: time the decode split on
-    /// the steps served, and apply the follower's posted re-plan, moving
-    /// the weights with the engine (patch 0023); a promotion is copied on
-    /// the side while serving goes on and committed here once its copies
-    /// are complete (patch 0028).
+    /// The server's loop, between two batches: at its first call the
+    /// decode split tuned, and the follower's posted re-plan applied,
+    /// moving the weights with the engine (patch 0023); a promotion is
+    /// copied on the side while serving goes on and committed here once its
+    /// copies are complete (patch 0028).
     pub fn between_batches(&mut self, mut ctx: ContextRef<'_>) {
-        self.step_served_tuner(ctx.reborrow());
+        if let Some(stream) = self.served_tune.take() {
+            self.tune_served(ctx.reborrow(), stream);
+        }
         if let Some(f) = &self.follower {
             if let Some(Ok(_)) = f.between_batches(&mut EngineMoves { ctx }) {
                 self.plan = f.in_force();
@@ -201,54 +187,42 @@ impl Session {
         }
     }
 
-    /// One step of the served tuner. A tuner that fails (a panic, caught
-    /// here) is dropped, with the plan's own setting put back in force
-    /// rather than a probe's.
-    fn step_served_tuner(&mut self, mut ctx: ContextRef<'_>) {
-        let Some(t) = self.served.as_mut() else {
-            return;
-        };
-        let positions: Vec<i32> = (0..ctx.n_seq_max() as i32).map(|s| ctx.seq_pos_max(s)).collect();
-        let now = t.origin.elapsed().as_secs_f64();
-        let action =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.tuner.observe(now, &positions))).map_err(|_| ());
-        let stream = t.stream;
-        match action {
-            Ok(StepAction::Wait) => return,
-            Ok(StepAction::Apply(setting)) => {
-                self.switch.switch(&with_setting(&self.plan, setting));
-                ctx.set_stream_slots(stream.0, stream.1);
-                return;
-            }
-            Ok(StepAction::Done(tuning)) => {
-                self.plan = with_setting(&self.plan, tuning.chosen);
-                tracing::info!("decode split: {tuning}");
+    /// [`tune::tune_served`], reported where it chose. A tuner that fails
+    /// (a panic, caught here) leaves the plan's own setting in force rather
+    /// than a probe's, and sequence 0 empty.
+    fn tune_served(&mut self, mut ctx: ContextRef<'_>, stream: (u32, u32)) {
+        let tuned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tune::tune_served(self, ctx.reborrow(), stream)
+        }));
+        match tuned {
+            Ok(Some(_)) => {
                 if let Some(f) = &self.plan_changed {
                     f(&self.plan, self.launch.budget);
                 }
             }
-            Err(()) => {
+            Ok(None) => {}
+            Err(_) => {
                 tracing::warn!("decode split: not tuned, the tuner failed; the plan's setting is in force");
+                self.switch.switch(&self.plan);
+                ctx.seq_rm(0, 0, -1);
+                ctx.set_stream_slots(stream.0, stream.1);
             }
         }
-        self.switch.switch(&self.plan);
-        ctx.set_stream_slots(stream.0, stream.1);
-        self.served = None;
     }
 
-    /// Stop tuning while serving, with the plan's own setting in force (a
-    /// panic left the session's lock poisoned mid-probe).
+    /// Drop a tuning still to run, with the plan's own setting in force (a
+    /// panic left the session's lock poisoned).
     pub fn abandon_served_tuning(&mut self, mut ctx: ContextRef<'_>) {
-        if let Some(t) = self.served.take() {
-            tracing::warn!("decode split: not tuned, the tuner failed; the plan's setting is in force");
+        if let Some(stream) = self.served_tune.take() {
+            tracing::warn!("decode split: not tuned, the session failed; the plan's setting is in force");
             self.switch.switch(&self.plan);
-            ctx.set_stream_slots(t.stream.0, t.stream.1);
+            ctx.set_stream_slots(stream.0, stream.1);
         }
     }
 
-    /// Whether the decode split is being tuned on the steps served.
-    pub fn tuning_while_serving(&self) -> bool {
-        self.served.is_some()
+    /// Whether the decode split is still to tune before the first request.
+    pub fn tune_pending(&self) -> bool {
+        self.served_tune.is_some()
     }
 }
 

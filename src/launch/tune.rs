@@ -15,11 +15,11 @@
 
 use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{LaunchError, Session};
-use crate::engine::{Context, Token};
-use crate::plan::{Exec, Plan};
+use crate::engine::{Context, ContextRef, Token};
+use crate::plan::{set_row_split, Exec, Plan, RowSplit};
 
 /// The knob a plan's decode split turns.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -30,6 +30,11 @@ pub enum SplitKnob {
     /// Dense row split: the GPU's share of each host feed-forward weight's
     /// rows, in units of [`ROW_SHARE_UNIT`] from the plan's.
     Rows { start: f64 },
+    /// Dense row split with ffn_down streamed whole (the plan's mode,
+    /// [`Plan::row_split_down_whole`]): the GPU's share of up's and gate's
+    /// rows, in units of [`ROW_SHARE_UNIT`] from the plan's. The mode stays:
+    /// the plan no longer holds ffn_down's split.
+    RowsDownWhole { start: f64 },
 }
 
 /// The unit of a row share's offset: the search climbs in steps of
@@ -41,11 +46,8 @@ pub const ROW_CLIMB_UNITS: i32 = 2;
 /// The least row share on either side (the GPU's and the CPU's).
 const ROW_SHARE_MIN: f64 = 0.05;
 /// The least GPU share of up's and gate's rows with ffn_down streamed
-/// whole: one unit. There the link carries ffn_down whole, and each unit
-/// of up and gate more costs link time: R1 at 2 GiB on an H200 host
-/// probed 28.56 ms per step at 5% and 30.41 at 10%, and kept the least
-/// share the search allowed then, 5% (CHANGELOG.md, session 24, call b).
-const WHOLE_SHARE_MIN: f64 = ROW_SHARE_UNIT;
+/// whole, one unit ([`crate::plan::row_split::DOWN_WHOLE_LEAST_SHARE`]).
+const WHOLE_SHARE_MIN: f64 = crate::plan::row_split::DOWN_WHOLE_LEAST_SHARE;
 /// Offsets from this one up name [`SplitSetting::RowsDownWhole`] at
 /// `(offset - WHOLE_BASE)` units of [`ROW_SHARE_UNIT`] (a share, not an
 /// offset from the plan's).
@@ -133,8 +135,11 @@ impl SplitKnob {
             });
         }
         let split = plan.tensors.iter().any(|t| !t.resident && !t.gpu_share.is_empty());
-        (split && plan.row_split_share > 0.0).then_some(SplitKnob::Rows {
-            start: plan.row_split_share,
+        let start = plan.row_split_share;
+        (split && start > 0.0).then_some(if plan.row_split_down_whole {
+            SplitKnob::RowsDownWhole { start }
+        } else {
+            SplitKnob::Rows { start }
         })
     }
 
@@ -145,6 +150,7 @@ impl SplitKnob {
         match *self {
             SplitKnob::Experts { start, .. } => SplitSetting::Experts(start),
             SplitKnob::Rows { start } => SplitSetting::Rows(start),
+            SplitKnob::RowsDownWhole { start } => SplitSetting::RowsDownWhole(start),
         }
     }
 
@@ -174,6 +180,11 @@ impl SplitKnob {
                 let s = start + offset as f64 * ROW_SHARE_UNIT;
                 (lo..=hi).contains(&s).then_some(SplitSetting::Rows(s))
             }
+            SplitKnob::RowsDownWhole { start } => {
+                let s = start + offset as f64 * ROW_SHARE_UNIT;
+                (offset < WHOLE_BASE && (WHOLE_SHARE_MIN - 1e-9..=hi).contains(&s))
+                    .then_some(SplitSetting::RowsDownWhole(s))
+            }
         }
     }
 
@@ -181,53 +192,32 @@ impl SplitKnob {
     fn climb_units(&self) -> i32 {
         match self {
             SplitKnob::Experts { .. } => 1,
-            SplitKnob::Rows { .. } => ROW_CLIMB_UNITS,
+            SplitKnob::Rows { .. } | SplitKnob::RowsDownWhole { .. } => ROW_CLIMB_UNITS,
         }
     }
 }
 
-/// `plan` with its decode split set to `setting`: the shares the callbacks
-/// answer, and with ffn_down whole the ops that stream instead, nothing
-/// else (the residency and memory stay the plan's). The feed-forward
-/// weights' share is the setting's; the output projection keeps its own
-/// (patch 0043, see [`crate::plan::CostModel::output_split`]).
+/// `plan` with its decode split set to `setting`: the experts the GPU
+/// computes, or the row split ([`crate::plan::set_row_split`]); nothing
+/// else (the residency and memory stay the plan's).
 pub fn with_setting(plan: &Plan, setting: SplitSetting) -> Plan {
     let mut p = plan.clone();
     match setting {
         SplitSetting::Experts(k) => p.hybrid_gpu_experts = k,
-        SplitSetting::Rows(share) | SplitSetting::RowsDownWhole(share) => {
-            let down_whole = matches!(setting, SplitSetting::RowsDownWhole(_));
-            p.row_split_share = share;
-            p.row_split_down_whole |= down_whole;
-            // The tiers where ffn_down splits: with ffn_down whole, it
-            // streams there (the CPU copies made for it at load go unused),
-            // and so do the attention weights the CPU would compute there,
-            // so that the CPU computes one part per layer (up's and gate's
-            // rows) and hands over to the GPU once.
-            let tiers: Vec<u32> = p
-                .tensors
-                .iter()
-                .filter(|t| down_whole && t.role == "FfnDown")
-                .flat_map(|t| t.gpu_share.iter().map(|&(n, _)| n))
-                .collect();
-            let kv_gpu_from = p.n_layer.saturating_sub(p.kv_gpu_layers);
-            for t in &mut p.tensors {
-                let attention = t.role.starts_with("Attn") && t.layer.is_some_and(|l| l >= kv_gpu_from);
-                if !t.resident && (t.role == "FfnDown" || attention) {
-                    t.gpu_share.retain(|(n, _)| !tiers.contains(n));
-                    for (n, e) in &mut t.exec {
-                        if matches!(*e, Exec::Split | Exec::Cpu) && tiers.contains(n) {
-                            *e = Exec::Stream;
-                        }
-                    }
-                }
-                if crate::plan::is_dense_ffn(&t.role) {
-                    for (_, s) in &mut t.gpu_share {
-                        *s = share;
-                    }
-                }
-            }
-        }
+        SplitSetting::Rows(share) => set_row_split(
+            &mut p,
+            RowSplit {
+                share,
+                down_whole: false,
+            },
+        ),
+        SplitSetting::RowsDownWhole(share) => set_row_split(
+            &mut p,
+            RowSplit {
+                share,
+                down_whole: true,
+            },
+        ),
     }
     p
 }
@@ -286,7 +276,7 @@ impl ShareSearch {
                 every: true,
                 ..ShareSearch::with_limits(knob, max as usize, 0.02)
             },
-            SplitKnob::Rows { .. } => ShareSearch::with_limits(knob, 12, 0.02),
+            SplitKnob::Rows { .. } | SplitKnob::RowsDownWhole { .. } => ShareSearch::with_limits(knob, 12, 0.02),
         }
     }
 
@@ -574,9 +564,27 @@ pub trait SplitProbe {
 /// chosen one in force. Where a measurement fails, the plan's own setting
 /// is put back in force, never a probe's, and the error returned.
 pub fn search_split(knob: SplitKnob, probe: &mut impl SplitProbe) -> Result<SplitTuning, LaunchError> {
+    search_split_within(knob, probe, None)
+}
+
+/// [`search_split`], ended after `limit` where one is given: the choice is
+/// then made among the settings measured by then (the plan's first).
+pub fn search_split_within(
+    knob: SplitKnob,
+    probe: &mut impl SplitProbe,
+    limit: Option<Duration>,
+) -> Result<SplitTuning, LaunchError> {
     let started = Instant::now();
     let mut search = ShareSearch::new(knob);
     while let Some((offset, setting)) = search.next() {
+        if limit.is_some_and(|l| started.elapsed() > l) {
+            tracing::info!(
+                "decode split: the search stopped at its limit of {:.0} s, after {} settings",
+                limit.unwrap_or_default().as_secs_f64(),
+                search.measured().len()
+            );
+            break;
+        }
         probe.put_in_force(setting);
         match probe.time_steps() {
             Ok(t) => {
@@ -673,15 +681,23 @@ impl SplitProbe for ContextProbe<'_, '_> {
 
 /// Median seconds per decode step at `depth`, after the settling steps.
 fn time_steps(ctx: &mut Context<'_>, depth: u32, n_vocab: u64) -> Result<f64, LaunchError> {
+    time_each_step(|i, tok| {
+        ctx.decode_tokens(&[tok], depth as i32 + i as i32, true)?;
+        // Reading the output waits for the step; it is the next input, as
+        // in greedy decoding, so the routed experts vary as they do there.
+        Ok((ctx.greedy_token(-1)? as u64 % n_vocab) as Token)
+    })
+}
+
+/// Median seconds of `step(i, token)` (decode step `i` of `token`, waited
+/// for; returns the next token) over [`TIMED_STEPS`], after
+/// [`SETTLE_STEPS`].
+fn time_each_step(mut step: impl FnMut(u32, Token) -> Result<Token, LaunchError>) -> Result<f64, LaunchError> {
     let mut times = Vec::with_capacity(TIMED_STEPS);
     let mut tok: Token = 1;
     for i in 0..SETTLE_STEPS + TIMED_STEPS {
         let t = Instant::now();
-        ctx.decode_tokens(&[tok], depth as i32 + i as i32, true)?;
-        // Reading the output waits for the step; it is the next input, as
-        // in greedy decoding, so the routed experts vary as they do there.
-        tok = ctx.greedy_token(-1)?;
-        tok = (tok as u64 % n_vocab) as Token;
+        tok = step(i as u32, tok)?;
         if i >= SETTLE_STEPS {
             times.push(t.elapsed().as_secs_f64());
         }
@@ -703,82 +719,103 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-/// What [`StepTuner::observe`] asks of the caller.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StepAction {
-    /// Keep decoding.
-    Wait,
-    /// Put this setting in force (and rebuild the graphs).
-    Apply(SplitSetting),
-    /// The choice is made: put this setting in force; the tuner is done.
-    Done(SplitTuning),
-}
+/// The depth of the prompt a server's tuning decodes before its steps:
+/// the reference prompt's (4096 tokens), at most what sequence 0 holds, so
+/// that the search's time stays bounded for long contexts.
+const SERVED_DEPTH: u32 = 4096;
+/// The longest a server's search runs before it chooses among the settings
+/// measured: R1 at 2 GiB on an H200 host measures ~24 settings of 11 steps
+/// at ~40 ms each, ~11 s.
+const SERVED_LIMIT: Duration = Duration::from_secs(60);
 
-/// The same choice as [`tune_split`] made from the steps a server decodes
-/// anyway: between two batches the caller passes the time and each
-/// sequence's last position; an interval in which exactly one sequence
-/// grew by one cell was one decode step of one token. The first
-/// [`SETTLE_STEPS`] steps after each setting are left out, the next
-/// [`TIMED_STEPS`] are its time (median). Prompts, several sequences
-/// decoding together, and idle time are not counted.
-#[derive(Debug, Clone)]
-pub struct StepTuner {
-    search: ShareSearch,
-    current: i32,
-    settle_left: usize,
-    samples: Vec<f64>,
-    last: Option<(f64, Vec<i32>)>,
-    started: Option<f64>,
-}
-
-impl StepTuner {
-    /// A tuner for `knob`, whose setting at offset 0 (the plan's) is in force.
-    pub fn new(knob: SplitKnob) -> StepTuner {
-        StepTuner {
-            search: ShareSearch::new(knob),
-            current: 0,
-            settle_left: SETTLE_STEPS,
-            samples: Vec::with_capacity(TIMED_STEPS),
-            last: None,
-            started: None,
+/// Choose `session`'s decode split on a server's context `ctx` before it
+/// serves a request, as [`tune_split`] does for `run` and `bench`: a
+/// synthetic prompt of sequence 0 ([`SERVED_DEPTH`] tokens at most), then
+/// decode steps after it for each setting, within [`SERVED_LIMIT`]; the
+/// cells are removed after. `stream` is the context's streaming slots and
+/// routed threshold, set again to rebuild its graphs. Not where a sequence
+/// holds cells already, nor in a context too short for the steps; where a
+/// step fails the plan's setting stays in force. Each case is logged.
+pub fn tune_served(session: &mut Session, mut ctx: ContextRef<'_>, stream: (u32, u32)) -> Option<SplitTuning> {
+    let knob = session.split_knob.take()?;
+    let steps = (SETTLE_STEPS + TIMED_STEPS) as u32;
+    let held = (0..ctx.n_seq_max() as i32).any(|s| ctx.seq_pos_max(s) >= 0);
+    let depth = SERVED_DEPTH
+        .min(session.plan.workload.prompt_tokens.min(u32::MAX as u64) as u32)
+        .min(ctx.n_ctx_seq().saturating_sub(steps));
+    if held || depth == 0 {
+        let why = if held {
+            "the context holds a sequence already".to_string()
+        } else {
+            format!(
+                "a sequence's context ({} cells) is too short for {steps} decode steps",
+                ctx.n_ctx_seq()
+            )
+        };
+        tracing::info!("decode split: not tuned, {why}; the plan's {} stays", knob.planned());
+        return None;
+    }
+    tracing::info!(
+        "decode split: tuning before the first request, from the plan's {}: a {depth}-token prompt, then {steps} decode steps per setting (at most {} s)",
+        knob.planned(),
+        SERVED_LIMIT.as_secs()
+    );
+    let n_vocab = ctx.n_vocab().max(2) as u64;
+    let prompt: Vec<Token> = (0..depth as u64)
+        .map(|i| ((i * 7919 + 1) % (n_vocab - 1)) as Token)
+        .collect();
+    let searched = ctx.decode_seq0(&prompt, 0).map_err(LaunchError::from).and_then(|()| {
+        let mut probe = ServedProbe {
+            session: &*session,
+            ctx: ctx.reborrow(),
+            stream,
+            depth,
+            n_vocab,
+        };
+        search_split_within(knob, &mut probe, Some(SERVED_LIMIT))
+    });
+    ctx.seq_rm(0, 0, -1);
+    match searched {
+        Ok(tuning) => {
+            tracing::info!("decode split: {tuning}");
+            session.plan = with_setting(&session.plan, tuning.chosen);
+            Some(tuning)
+        }
+        Err(e) => {
+            tracing::warn!("decode split: not tuned, keeping the plan's {}: {e}", knob.planned());
+            session.switch.switch(&session.plan);
+            ctx.set_stream_slots(stream.0, stream.1);
+            None
         }
     }
+}
 
-    /// Between two batches at `now_s` seconds (any fixed origin), with
-    /// `positions[s]` the last position of sequence `s` (-1: empty).
-    pub fn observe(&mut self, now_s: f64, positions: &[i32]) -> StepAction {
-        let one_step = self.last.as_ref().is_some_and(|(_, prev)| {
-            prev.len() == positions.len()
-                && positions.iter().zip(prev).filter(|(p, q)| p != q).count() == 1
-                && positions.iter().zip(prev).any(|(p, q)| *p == *q + 1 && *q >= 0)
+/// A server's context, borrowed between two batches: decode steps of
+/// sequence 0 at `depth`.
+struct ServedProbe<'a, 'c> {
+    session: &'a Session,
+    ctx: ContextRef<'c>,
+    stream: (u32, u32),
+    depth: u32,
+    n_vocab: u64,
+}
+
+impl SplitProbe for ServedProbe<'_, '_> {
+    fn put_in_force(&mut self, setting: SplitSetting) {
+        self.session.switch.switch(&with_setting(&self.session.plan, setting));
+        self.ctx.set_stream_slots(self.stream.0, self.stream.1);
+    }
+
+    fn time_steps(&mut self) -> Result<f64, LaunchError> {
+        let (ctx, depth, n_vocab) = (&mut self.ctx, self.depth, self.n_vocab);
+        let timed = time_each_step(|i, tok| {
+            ctx.decode_seq0(&[tok], (depth + i) as i32)?;
+            // The greedy token where the context keeps logits, as in
+            // `time_steps`; else the next one.
+            Ok(ctx.greedy_last().map_or(tok + 1, |t| t) % n_vocab as Token)
         });
-        if let (true, Some((t0, _))) = (one_step, self.last.as_ref()) {
-            self.started.get_or_insert(*t0);
-            if self.settle_left > 0 {
-                self.settle_left -= 1;
-            } else {
-                self.samples.push(now_s - t0);
-            }
-        }
-        self.last = Some((now_s, positions.to_vec()));
-        if self.samples.len() < TIMED_STEPS {
-            return StepAction::Wait;
-        }
-        self.search.record(self.current, median(&mut self.samples));
-        self.samples.clear();
-        self.settle_left = SETTLE_STEPS;
-        match self.search.next() {
-            Some((offset, setting)) => {
-                self.current = offset;
-                StepAction::Apply(setting)
-            }
-            None => StepAction::Done(SplitTuning {
-                planned: self.search.knob.planned(),
-                chosen: self.search.best(),
-                measured: self.search.measured(),
-                elapsed_s: now_s - self.started.unwrap_or(now_s),
-            }),
-        }
+        self.ctx.seq_rm(0, self.depth as i32, -1);
+        timed
     }
 }
 
@@ -1323,24 +1360,50 @@ mod tests {
     }
 
     #[test]
-    fn a_server_tunes_a_planned_share_outside_the_knobs_range() {
-        let knob = SplitKnob::Rows { start: 0.97 };
-        let mut tuner = StepTuner::new(knob);
-        let mut in_force = knob.planned();
-        let (mut t, mut pos) = (0.0, 10);
-        assert_eq!(tuner.observe(t, &[pos]), StepAction::Wait);
-        let done = loop {
-            t += r1_h200(in_force) / 1e3;
-            pos += 1;
-            match tuner.observe(t, &[pos]) {
-                StepAction::Wait => {}
-                StepAction::Apply(s) => in_force = s,
-                StepAction::Done(d) => break d,
-            }
-            assert!(pos < 10_000, "the tuner does not end");
+    fn a_search_past_its_limit_chooses_among_what_it_measured() {
+        // With no time left the plan's own setting is chosen and in force,
+        // nothing else measured.
+        let knob = SplitKnob::Rows { start: 0.73 };
+        let mut probe = Recorded::new(knob, r1_h200);
+        probe.in_force = SplitSetting::Rows(0.5);
+        let t = search_split_within(knob, &mut probe, Some(Duration::ZERO)).unwrap();
+        assert_eq!(
+            (t.chosen, probe.in_force, probe.probes),
+            (knob.planned(), knob.planned(), 0)
+        );
+        // Without a limit the whole search runs.
+        let mut probe = Recorded::new(knob, r1_h200);
+        let t = search_split_within(knob, &mut probe, None).unwrap();
+        assert!(probe.probes > 10);
+        assert_whole(t.chosen, 0.05);
+    }
+
+    #[test]
+    fn a_plan_with_ffn_down_whole_searches_up_and_gates_share_alone() {
+        // The plan's mode is kept (its ffn_down no longer splits): the
+        // climb walks up's and gate's share with ffn_down whole, from the
+        // plan's least share, and probes nothing else.
+        let knob = SplitKnob::RowsDownWhole { start: 0.025 };
+        assert_eq!(knob.planned(), SplitSetting::RowsDownWhole(0.025));
+        assert_eq!(knob.setting(-1), None, "below the least share");
+        assert_eq!(knob.setting(WHOLE_BASE + 2), None);
+        assert_whole(knob.setting(4).unwrap(), 0.125);
+        // R1 Q4_K_M at 2 GiB on an H200 host (call 2026-11-29-d): fastest
+        // at 5% of up and gate with ffn_down whole.
+        let ms = |x: SplitSetting| match x {
+            SplitSetting::RowsDownWhole(s) => 32.0 + 40.0 * (s - 0.05).abs(),
+            other => panic!("{other}"),
         };
-        assert_eq!(done.planned, SplitSetting::Rows(0.97));
-        assert_whole(done.chosen, 0.05);
+        let mut search = ShareSearch::new(knob);
+        let order = run(&mut search, ms);
+        assert!(order.len() <= 6, "{order:?}");
+        assert_whole(search.best(), 0.05);
+        let mut probe = Recorded::new(knob, ms);
+        let t = search_split(knob, &mut probe).unwrap();
+        assert_eq!(
+            (t.planned, t.chosen, probe.in_force),
+            (knob.planned(), search.best(), search.best())
+        );
     }
 
     #[test]
@@ -1348,109 +1411,5 @@ mod tests {
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(&mut []).is_nan());
-    }
-
-    /// A server's loop: `steps` decode steps of sequence `seq` of `n_seq`,
-    /// each taking `ms(setting in force)`, between callbacks.
-    struct Loop {
-        t: f64,
-        pos: Vec<i32>,
-        applied: Vec<SplitSetting>,
-        in_force: SplitSetting,
-    }
-
-    impl Loop {
-        fn new(n_seq: usize) -> Loop {
-            Loop {
-                t: 0.0,
-                pos: vec![-1; n_seq],
-                applied: Vec::new(),
-                in_force: SplitSetting::Experts(5),
-            }
-        }
-
-        /// One batch: `grow[s]` cells added to each sequence, taking `secs`.
-        fn batch(&mut self, tuner: &mut StepTuner, grow: &[i32], secs: f64) -> Option<SplitTuning> {
-            self.t += secs;
-            for (p, g) in self.pos.iter_mut().zip(grow) {
-                *p += g;
-            }
-            match tuner.observe(self.t, &self.pos) {
-                StepAction::Wait => None,
-                StepAction::Apply(s) => {
-                    self.applied.push(s);
-                    self.in_force = s;
-                    None
-                }
-                StepAction::Done(t) => {
-                    self.in_force = t.chosen;
-                    Some(t)
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_server_tunes_on_the_single_token_steps_it_decodes() {
-        let host1 = [
-            (1, 30.0),
-            (2, 24.0),
-            (3, 19.5),
-            (4, 16.5),
-            (5, 18.1),
-            (6, 20.9),
-            (7, 23.2),
-        ];
-        let ms = experts(&host1);
-        let mut tuner = StepTuner::new(R2);
-        let mut l = Loop::new(2);
-        // The first callback, before anything.
-        assert!(l.batch(&mut tuner, &[0, 0], 0.0).is_none());
-        let mut done = None;
-        for i in 0..400 {
-            let step = ms(l.in_force) / 1e3;
-            done = match i % 40 {
-                // A prompt of sequence 1 (many cells), slower: not a step.
-                0 => l.batch(&mut tuner, &[0, 4097], 0.4),
-                // Both sequences decoding together: not a single step.
-                1..=3 => l.batch(&mut tuner, &[1, 1], 3.0 * step),
-                // Idle between requests: nothing grew.
-                4 => l.batch(&mut tuner, &[0, 0], 1.5),
-                _ => l.batch(&mut tuner, &[1, 0], step),
-            };
-            if done.is_some() {
-                break;
-            }
-        }
-        let t = done.expect("the tuner chooses within 400 batches");
-        assert_eq!(
-            (t.planned, t.chosen),
-            (SplitSetting::Experts(5), SplitSetting::Experts(4))
-        );
-        assert_eq!(l.applied, [6, 4, 7, 3, 2, 1].map(SplitSetting::Experts));
-        // The times recorded are the single steps', not the others'.
-        for (s, secs) in &t.measured {
-            assert!((secs * 1e3 - ms(*s)).abs() < 1e-9, "{s}: {secs}");
-        }
-    }
-
-    #[test]
-    fn steps_right_after_a_change_are_not_timed() {
-        let mut tuner = StepTuner::new(R2);
-        let mut l = Loop::new(1);
-        l.batch(&mut tuner, &[10], 0.3);
-        // Settling steps are slow (graph rebuilt), the timed ones fast.
-        for _ in 0..SETTLE_STEPS {
-            assert!(l.batch(&mut tuner, &[1], 1.0).is_none());
-        }
-        for _ in 0..TIMED_STEPS - 1 {
-            assert!(l.batch(&mut tuner, &[1], 0.018).is_none());
-        }
-        assert!(l.applied.is_empty());
-        l.batch(&mut tuner, &[1], 0.018);
-        assert_eq!(l.applied, [SplitSetting::Experts(6)]);
-        let first = tuner.search.measured();
-        assert_eq!(first.len(), 1);
-        assert!((first[0].1 - 0.018).abs() < 1e-12);
     }
 }

@@ -233,6 +233,9 @@ pub struct CostModel<'a> {
     /// token's attention runs over the cells of all of them (the others'
     /// masked), not over its own sequence's.
     pub kv_unified: bool,
+    /// Decode may run the dense row split with ffn_down streamed whole
+    /// ([`crate::plan::RowSplit::down_whole`]) where that is faster.
+    pub split_down_whole: bool,
 }
 
 /// A tensor the planner has no role for stays resident with its layer up to
@@ -284,6 +287,7 @@ impl<'a> CostModel<'a> {
             gpu_only: false,
             cache_locality: None,
             kv_unified: true,
+            split_down_whole: true,
         };
         cm.routed_max_tokens = cm.find_routed_max_tokens();
         cm

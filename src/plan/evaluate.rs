@@ -5,8 +5,9 @@
 use super::cost::{is_host_only, is_placeable, CostModel, Exec, HybridParts, SplitParts, Streaming};
 use super::expert_cache::decode_room;
 use super::expert_cache::{positions, ExpertCachePlan, Locality};
+use super::row_split::DOWN_WHOLE_LEAST_SHARE;
 use super::PlanRequest;
-use super::{tier_index, Plan, Prediction, SpeculationPrediction, Workload};
+use super::{tier_index, Plan, Prediction, RowSplit, SpeculationPrediction, Workload};
 use crate::gguf::{ModelInfo, ModelTensor, TensorRole};
 
 /// Device buffers are aligned to this (ggml-cuda's buffer alignment).
@@ -56,8 +57,16 @@ pub struct Evaluator {
     /// Per tensor: its row split's parts in single-token decode (patch
     /// 0017), where it may split when in host memory.
     split: Vec<Option<SplitParts>>,
+    /// Per tensor: its seconds and pipelined link seconds in single-token
+    /// decode where it streams whole there with ffn_down whole
+    /// ([`RowSplit::down_whole`]): a split candidate ffn_down, and an
+    /// attention weight the CPU would compute in a layer whose KV cache is
+    /// on the GPU (as [`super::set_row_split`] puts the mode in force).
+    whole: Vec<Option<(f64, f64)>>,
     /// A GPU share of the rows asked for, or None to choose it.
     split_forced: Option<f64>,
+    /// Whether decode may stream ffn_down whole ([`CostModel::split_down_whole`]).
+    split_down_whole: bool,
     /// The CPU's speed beside the link's copies, relative to alone (see
     /// [`CostModel::cpu_rate_beside_copies`]), from the split weights.
     cpu_rate_beside_copies: f64,
@@ -273,6 +282,24 @@ impl Evaluator {
                 (cm.splits_rows(t) && times[single][k].1 != Exec::Hybrid).then(|| cm.split_parts(t, 1))
             })
             .collect();
+        let whole = tensors
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| {
+                let t = &model.tensors[i];
+                let down = split[k].is_some() && t.role == TensorRole::FfnDown;
+                let attention = times[single][k].1 == Exec::Cpu
+                    && super::row_split::streams_with_down(&format!("{:?}", t.role), t.layer, kv_gpu_from);
+                (down || attention).then(|| {
+                    let link = if cm.streaming == Streaming::Pipelined {
+                        cm.copy_seconds(t, 1)
+                    } else {
+                        0.0
+                    };
+                    (cm.op_seconds(t, 1, Exec::Stream), link)
+                })
+            })
+            .collect();
         // Attention: prompt chunks at increasing depth, decode and
         // verification at the middle of the generated tokens. Sequences
         // sharing one KV stream pass over each other's cells too: a decode
@@ -370,7 +397,9 @@ impl Evaluator {
             hybrid,
             cache: None,
             split,
+            whole,
             split_forced: cm.dense_split.filter(|&f| f > 0.0).map(|f| f.min(1.0)),
+            split_down_whole: cm.split_down_whole,
             cpu_rate_beside_copies,
             attention,
             attention_link,
@@ -547,16 +576,62 @@ impl Evaluator {
         }
     }
 
-    /// The share of each split weight's rows the GPU computes in decode
-    /// under `resident`; 0 if no weight splits.
-    pub fn decode_split_share(&self, resident: &[bool]) -> f64 {
-        let (compute, link, sums) = self.weights_seconds(self.single, resident);
-        self.split_step(
-            compute + self.attention[self.single],
-            link + self.attention_link[self.single],
+    /// The row split of decode under `resident`: the GPU's share of each
+    /// split weight's rows (0 if no weight splits) and its mode.
+    pub fn decode_row_split(&self, resident: &[bool]) -> RowSplit {
+        self.decode_step(self.single, resident).0
+    }
+
+    /// One ubatch of size index `si` past the prompt under `resident`: its
+    /// row split and seconds. Single-token decode takes the faster of the
+    /// row split's two modes ([`RowSplit`]): every split weight at one
+    /// share, or ffn_down streamed whole with up and gate split (not where
+    /// the share is forced, nor where the cost model leaves the mode out).
+    fn decode_step(&self, si: usize, resident: &[bool]) -> (RowSplit, f64) {
+        let every = self.split_mode(si, resident, false);
+        let downs = (0..resident.len()).any(|k| !resident[k] && self.split[k].is_some() && self.whole[k].is_some());
+        if si != self.single || !downs || self.split_forced.is_some() || !self.split_down_whole {
+            return every;
+        }
+        let whole = self.split_mode(si, resident, true);
+        if whole.0.down_whole && whole.1 < every.1 {
+            whole
+        } else {
+            every
+        }
+    }
+
+    /// [`Evaluator::decode_step`] in one mode. With ffn_down whole, up and
+    /// gate on the CPU but for the least share the decode tuner walks
+    /// ([`DOWN_WHOLE_LEAST_SHARE`]) is priced as unsplit: their CPU part
+    /// beside the link's copies of ffn_down, as every host weight the CPU
+    /// computes beside streamed ones is priced. The split's term for the
+    /// CPU slowed by the copies (calibrated on Q4_0's every-weight split,
+    /// see `split_step`) prices that step far slower than measured: R1
+    /// Q4_K_M at 2 GiB on an H200 host took 39.0-39.5 ms per step with 2.5%
+    /// of up's and gate's rows on the GPU and ffn_down whole, against
+    /// 40.1-40.7 at the fastest share of every weight split (43%), and the
+    /// tuner chose ffn_down whole with 2.5-7.5% in all six R1 runs of that
+    /// call, Q4_0 and Q4_K_M (bench/results/raw/2026-11-29-d), where the
+    /// split's term priced 2.5% 13% slower than 43%.
+    fn split_mode(&self, si: usize, resident: &[bool], down_whole: bool) -> (RowSplit, f64) {
+        let (compute, link, sums) = self.weights_seconds(si, resident, down_whole);
+        let (share, secs) = self.split_step(
+            compute + self.attention[si],
+            link + self.attention_link[si],
             &sums,
-        )
-        .0
+            down_whole,
+        );
+        // Unsplit, up and gate run where they run alone: on the CPU, where
+        // none of them streams.
+        let on_cpu = sums.n > 0 && sums.alone.1 == 0.0;
+        let share = if down_whole && share == 0.0 && on_cpu {
+            DOWN_WHOLE_LEAST_SHARE
+        } else {
+            share
+        };
+        let down_whole = down_whole && share > 0.0;
+        (RowSplit { share, down_whole }, secs)
     }
 
     /// One decode step whose other work takes `compute` seconds serially and
@@ -575,15 +650,18 @@ impl Evaluator {
     /// `q = S / (C / r + S - C)` while the `L` seconds of copies run, and
     /// the step takes `max(L, S + (1 - q) L)`. Measured on the H200 host (R1
     /// at 2 GiB, CHANGELOG.md, session 9): 19.7 tok/s with 63% of the rows on
-    /// the GPU, 21.5-22.3 with 70-75%, 19.1-19.6 with 78-80%.
-    fn split_step(&self, compute: f64, link: f64, sums: &SplitSums) -> (f64, f64) {
+    /// the GPU, 21.5-22.3 with 70-75%, 19.1-19.6 with 78-80%. With ffn_down
+    /// whole (`down_whole`) the CPU hands its part over once per layer, not
+    /// once per split weight.
+    fn split_step(&self, compute: f64, link: f64, sums: &SplitSums, down_whole: bool) -> (f64, f64) {
         let unsplit = (compute + sums.alone.0).max(link + sums.alone.1);
         if sums.n == 0 {
             return (0.0, unsplit);
         }
         let p = sums.parts;
         let r = self.cpu_rate_beside_copies;
-        let switches = sums.n as f64 * self.switch_s;
+        let handovers = if down_whole { sums.layers } else { sums.n };
+        let switches = handovers as f64 * self.switch_s;
         let at = |f: f64| {
             let serial = compute + (1.0 - f) * p.cpu + f * p.gpu + switches;
             let on_cpu = (sums.cpu_other + (1.0 - f) * p.cpu).min(serial);
@@ -619,7 +697,7 @@ impl Evaluator {
     /// in decode under `resident`; 0 if no layer is hybrid.
     pub fn hybrid_gpu_experts(&self, resident: &[bool]) -> u32 {
         let si = self.single;
-        let share = self.decode_split_share(resident);
+        let share = self.decode_row_split(resident).share;
         let hybrid = (0..self.tensors.len()).any(|k| self.exec(k, si, resident, share) == Exec::Hybrid);
         if !hybrid {
             0
@@ -631,8 +709,10 @@ impl Evaluator {
     /// Seconds one ubatch of size index `si` takes under `resident`
     /// (excluding attention), with device switches and every layer's small
     /// ops; and the seconds its
-    /// pipelined copies keep the link busy, which overlap all of that.
-    fn weights_seconds(&self, si: usize, resident: &[bool]) -> (f64, f64, SplitSums) {
+    /// pipelined copies keep the link busy, which overlap all of that. With
+    /// `down_whole`, single-token decode streams the weights of
+    /// `self.whole` instead of splitting them or computing them on the CPU.
+    fn weights_seconds(&self, si: usize, resident: &[bool], down_whole: bool) -> (f64, f64, SplitSums) {
         let mut total = 0.0;
         let mut link = 0.0;
         let mut sums = SplitSums::default();
@@ -645,6 +725,7 @@ impl Evaluator {
             last = Some(gpu);
         };
         let mut current_layer: Option<u32> = None;
+        let mut last_split_layer: Option<u32> = None;
         let mut attn_visited = true;
         for (k, &res) in resident.iter().enumerate() {
             let layer = self.layer[k];
@@ -663,14 +744,23 @@ impl Evaluator {
                 }
                 attn_visited = true;
             }
+            let streams_whole = self.whole[k].filter(|_| down_whole && si == self.single);
             if res {
                 total += self.times[si][k].0;
+                visit(true);
+            } else if let Some((h, l)) = streams_whole {
+                total += h;
+                link += l;
                 visit(true);
             } else {
                 let (e, h, l) = self.host_time(k, si, resident);
                 match self.split[k] {
                     // Priced with the step's other work, see `split_step`.
                     Some(parts) if si == self.single => {
+                        if layer != last_split_layer {
+                            sums.layers += 1;
+                            last_split_layer = layer;
+                        }
                         sums.n += 1;
                         sums.parts += parts;
                         sums.alone.0 += h;
@@ -704,7 +794,7 @@ impl Evaluator {
         for (si, &(_, count)) in self.sizes[..self.decode].iter().enumerate() {
             // All chunks of this size (attention is summed over them).
             // Only decode splits rows, so `sums` is empty here.
-            let (compute, link, _) = self.weights_seconds(si, resident);
+            let (compute, link, _) = self.weights_seconds(si, resident, false);
             ttft += (compute * count + self.attention[si]).max(link * count + self.attention_link[si]);
         }
         let (decode_tok_s, speculation) = self.decode_speed(resident);
@@ -722,11 +812,7 @@ impl Evaluator {
     /// decoding what a step costs and yields.
     pub fn decode_speed(&self, resident: &[bool]) -> (f64, Option<SpeculationPrediction>) {
         // One ubatch of size index `si` past the prompt (attention is priced at one depth).
-        let step = |si: usize| {
-            let (compute, link, sums) = self.weights_seconds(si, resident);
-            self.split_step(compute + self.attention[si], link + self.attention_link[si], &sums)
-                .1
-        };
+        let step = |si: usize| self.decode_step(si, resident).1;
         let par = self.workload.decode_tokens() as f64;
         let plain_decode_tok_s = par / step(self.decode).max(1e-12);
         let gen = self.workload.gen_tokens as f64;
@@ -832,6 +918,8 @@ struct CacheStep {
 #[derive(Debug, Clone, Copy, Default)]
 struct SplitSums {
     n: u32,
+    /// Layers with a split weight.
+    layers: u32,
     parts: SplitParts,
     alone: (f64, f64),
     /// Seconds of the step's other ops on the CPU, which the copies slow.
@@ -868,7 +956,7 @@ pub fn decode_phase(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pl
 }
 
 /// Which of `ev`'s tensors `plan` keeps resident.
-fn residency(ev: &Evaluator, model: &ModelInfo, plan: &Plan) -> Vec<bool> {
+pub(super) fn residency(ev: &Evaluator, model: &ModelInfo, plan: &Plan) -> Vec<bool> {
     ev.tensors
         .iter()
         .map(|&i| {

@@ -21,6 +21,7 @@ mod evaluate;
 pub mod expert_cache;
 mod optimizer;
 mod report;
+pub mod row_split;
 mod switch;
 
 pub use cost::{CostModel, Exec, HybridParts, Overheads, Streaming};
@@ -29,6 +30,7 @@ pub use evaluate::{decode_phase, predict, DecodePhase, Evaluator};
 pub use expert_cache::{ExpertCachePlan, Locality};
 pub use optimizer::{make_plan, value_per_byte};
 pub use report::{render, render_devices, Format};
+pub use row_split::{set_row_split, RowSplit};
 pub use switch::PolicySwitch;
 
 use serde::{Deserialize, Serialize};

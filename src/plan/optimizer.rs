@@ -88,7 +88,10 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
     }
     super::log_unknown_tensors(model);
     let streaming = req.streaming();
-    let cm = cost_model(model, profile, req);
+    // The placement is chosen with every split weight at one share; the
+    // row split's mode once it is (see `split_mode`).
+    let mut cm = cost_model(model, profile, req);
+    cm.split_down_whole = false;
     // Streamed weights held in the compute buffer: with synchronous copies
     // the scheduler copies a layer's streamed weights there; with overlapped
     // streaming they go through the slots instead, sized per candidate below.
@@ -218,7 +221,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             }
             let predicted = ev.evaluate(&resident);
             let tiers = ev.tiers();
-            let share = ev.decode_split_share(&resident);
+            let share = ev.decode_row_split(&resident).share;
             let tensors = ev
                 .tensors
                 .iter()
@@ -327,6 +330,8 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
         budget: req.budget,
         minimum,
     })?;
+    cm.split_down_whole = true;
+    split_mode(model, &cm, req, &mut plan);
     plan.cpu_weight_copies = cpu_weight_copies(req, &plan);
     if req.decode_tier && !tier_with_cache {
         plan.decode_tier = super::decode_tier::decode_tier(model, &cm, req, &plan);
@@ -340,6 +345,30 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
     }
     split_output(model, &cm, &mut plan);
     Ok(plan)
+}
+
+/// The dense row split's mode for `plan`'s placement: ffn_down streamed
+/// whole with up and gate split, where the cost model prices that decode
+/// faster than every split weight at the plan's share
+/// ([`Evaluator::decode_row_split`]); the prediction is then that mode's.
+/// The placement itself (residency, KV layers, ubatch) is chosen with
+/// every weight split: the mode's step leaves up's and gate's CPU part
+/// beside ffn_down's copies, priced as unsplit, which made the KV cache in
+/// host memory look cheap (R1 Q4_K_M at 2 GiB on the H200 profile: 28 of
+/// 32 layers on the GPU, where the host KV cache decoded 15.2 tok/s against
+/// 26.2, see tests/plan.rs).
+fn split_mode(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, plan: &mut Plan) {
+    if plan.row_split_share <= 0.0 {
+        return;
+    }
+    let mut ev = Evaluator::new(model, cm, plan.workload, plan.ubatch, plan.kv_gpu_layers);
+    ev.price_cache(model, cm, decode_room(model, req, plan.vram.compute), req.stream_slots);
+    let resident = super::evaluate::residency(&ev, model, plan);
+    let split = ev.decode_row_split(&resident);
+    if split.down_whole {
+        super::set_row_split(plan, split);
+        plan.predicted = ev.evaluate(&resident);
+    }
 }
 
 /// The output projection's row split in single-token decode (patch 0043,

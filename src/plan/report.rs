@@ -150,9 +150,14 @@ fn table(plan: &Plan) -> String {
             .iter()
             .filter(|t| !t.gpu_share.is_empty() && super::is_dense_ffn(&t.role))
             .count();
+        let down = if plan.row_split_down_whole {
+            " (up and gate; ffn_down streams whole)"
+        } else {
+            ""
+        };
         let _ = writeln!(
             s,
-            "row split: in decode, the GPU streams and computes {:.0}% of the rows of {n} feed-forward weights marked split, while the CPU computes the others in place",
+            "row split: in decode, the GPU streams and computes {:.1}% of the rows of {n} feed-forward weights marked split{down}, while the CPU computes the others in place",
             plan.row_split_share * 100.0
         );
     }

@@ -120,9 +120,9 @@ impl ServerState {
                 r.plan_changed(plan, budget);
             }
         }));
-        // The decode split is timed on the first steps served, except where
+        // The decode split is tuned before the first request, except where
         // the plan follows the card: a re-plan sets its own share and slots.
-        session.tune_while_serving(cp);
+        session.tune_before_serving(cp);
         // --vram-budget auto: the plan follows the card while serving.
         if launched.replan.is_some() {
             // One buffer per weight, so that each weight moved frees its memory.

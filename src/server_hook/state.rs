@@ -80,8 +80,8 @@ impl ServerState {
     }
 
     /// The server loop's hook, between two batches: the decode split tuned
-    /// on the first steps served, and with `auto` the plan following the
-    /// card. A panic that poisoned the session's lock ends the tuning with
+    /// before the first request, and with `auto` the plan following the
+    /// card. A panic that poisoned the session's lock drops the tuning with
     /// the plan's own setting in force.
     fn between_batches(&self, mut ctx: ContextRef<'_>) {
         let mut g = match self.session.lock() {
@@ -152,8 +152,8 @@ mod tests {
         let (ha, hb) = (a.hooks(), b.hooks());
         let launch = launch();
         let mut session = Session::new(&launch);
-        session.tune_while_serving(&ContextParams::default());
-        assert!(session.tuning_while_serving());
+        session.tune_before_serving(&ContextParams::default());
+        assert!(session.tune_pending());
         let installed = Installed {
             plan: launch.plan.clone(),
             budget: Some(launch.budget),
