@@ -168,6 +168,36 @@ pub struct Overheads {
     /// slower each), CHANGELOG.md, session 14.
     #[serde(default = "default_decode_tier_layer_s")]
     pub decode_tier_layer_s: f64,
+    /// Seconds per ubatch that a layer whose routed experts run on the CPU
+    /// costs beyond its expert matmuls and its two device switches: the
+    /// ops between and after them on the CPU (the GLU, the weighting and
+    /// the sum of each token's experts), each a barrier of the CPU's
+    /// threads, and the copies of the router's ids and weights to the host.
+    /// On the H200 host upstream's `--cpu-moe` decoded 60-110 µs per layer
+    /// slower than the expert samples and the switches price (R2 Q4_0
+    /// 76 µs, R2 Q4_K_M 63, R3 MXFP4 81, R4 Q4_K_M 109; each layer's
+    /// part of cpu-moe's step less full-GPU's, calls 2026-11-28-a and
+    /// 2026-11-29-e). The CPU part of hybrid experts has its own
+    /// calibration ([`Overheads::hybrid_cpu_contention`]).
+    #[serde(default = "default_cpu_experts_layer_s")]
+    pub cpu_experts_layer_s: f64,
+    /// Seconds per ubatch of a recurrent (Gated-DeltaNet) layer's mixer
+    /// beyond its projections and [`Overheads::layer_s`]: its convolution,
+    /// gates, state update and normalisation are a score of small kernels
+    /// that no sample prices. Upstream's full-GPU decode of R4
+    /// (Qwen3.6-35B-A3B, 30 recurrent layers of 40) took 4.57 ms a token
+    /// on the H200 where the samples priced 3.34 ms (call 2026-11-29-e):
+    /// 41 µs per recurrent layer.
+    #[serde(default = "default_recurrent_layer_s")]
+    pub recurrent_layer_s: f64,
+}
+
+fn default_cpu_experts_layer_s() -> f64 {
+    80e-6
+}
+
+fn default_recurrent_layer_s() -> f64 {
+    41e-6
 }
 
 fn default_decode_tier_layer_s() -> f64 {
@@ -200,6 +230,8 @@ impl Default for Overheads {
             mask_entry_s: default_mask_entry_s(),
             ubatch_s: default_ubatch_s(),
             decode_tier_layer_s: default_decode_tier_layer_s(),
+            cpu_experts_layer_s: default_cpu_experts_layer_s(),
+            recurrent_layer_s: default_recurrent_layer_s(),
         }
     }
 }
