@@ -169,7 +169,8 @@ pub struct Overheads {
     #[serde(default = "default_decode_tier_layer_s")]
     pub decode_tier_layer_s: f64,
     /// Seconds per ubatch that a layer whose routed experts run on the CPU
-    /// costs beyond its expert matmuls and its two device switches: the
+    /// costs beyond its expert matmuls and its two device switches, shared
+    /// among its expert tensors' ops on the CPU: the
     /// ops between and after them on the CPU (the GLU, the weighting and
     /// the sum of each token's experts), each a barrier of the CPU's
     /// threads, and the copies of the router's ids and weights to the host.
@@ -403,7 +404,7 @@ impl<'a> CostModel<'a> {
     pub fn op_seconds_out(&self, t: &ModelTensor, n: u64, exec: Exec, outputs: u64) -> f64 {
         match exec {
             Exec::Resident => self.compute_seconds_out(t, n, Device::Gpu, outputs),
-            Exec::Cpu => self.compute_seconds_out(t, n, Device::Cpu, outputs),
+            Exec::Cpu => self.compute_seconds_out(t, n, Device::Cpu, outputs) + self.cpu_experts_share(t),
             Exec::Hybrid | Exec::Split => f64::INFINITY,
             Exec::Stream => {
                 let bw = self.link_bw();
@@ -424,6 +425,24 @@ impl<'a> CostModel<'a> {
                 }
             }
         }
+    }
+
+    /// The share of [`Overheads::cpu_experts_layer_s`] that an op on the
+    /// CPU with weight `t` carries: a routed-expert tensor's part of its
+    /// layer's (shared among the layer's expert tensors, so that the
+    /// choice between the CPU and streaming, made weight by weight, sees
+    /// it); nothing for other weights.
+    fn cpu_experts_share(&self, t: &ModelTensor) -> f64 {
+        if !t.holds_routed_experts() {
+            return 0.0;
+        }
+        let in_layer = self
+            .model
+            .tensors
+            .iter()
+            .filter(|o| o.layer == t.layer && o.holds_routed_experts())
+            .count();
+        self.overheads.cpu_experts_layer_s / in_layer.max(1) as f64
     }
 
     /// Seconds the link is busy streaming `t` for a ubatch of `n` tokens.

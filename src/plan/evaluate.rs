@@ -71,11 +71,6 @@ pub struct Evaluator {
     /// Seconds per ubatch for the small ops of every layer (and the
     /// recurrent layers' mixers, see `Overheads::recurrent_layer_s`).
     layers_s: f64,
-    /// Seconds per ubatch of a layer whose routed experts run on the CPU,
-    /// beyond their matmuls (see `Overheads::cpu_experts_layer_s`).
-    cpu_experts_layer_s: f64,
-    /// Per tensor: it holds routed experts.
-    routed: Vec<bool>,
     /// The first prompt ubatch's attention masks, filled on the host before
     /// its graph starts (see `Overheads::mask_entry_s`).
     first_mask_s: f64,
@@ -347,7 +342,6 @@ impl Evaluator {
             .collect();
         Evaluator {
             streams,
-            routed: tensors.iter().map(|&i| model.tensors[i].holds_routed_experts()).collect(),
             layer: tensors.iter().map(|&i| model.tensors[i].layer).collect(),
             vram: tensors.iter().map(|&i| model.tensors[i].cuda_alloc_size()).collect(),
             is_qkv: tensors
@@ -381,7 +375,6 @@ impl Evaluator {
             layers_s: model.n_layer as f64 * cm.overheads.layer_s
                 + (0..model.n_layer).filter(|&l| model.is_recurrent(l)).count() as f64
                     * cm.overheads.recurrent_layer_s,
-            cpu_experts_layer_s: cm.overheads.cpu_experts_layer_s,
             first_mask_s,
             ubatch_s: cm.overheads.ubatch_s,
             host_only,
@@ -651,12 +644,9 @@ impl Evaluator {
         };
         let mut current_layer: Option<u32> = None;
         let mut attn_visited = true;
-        // Layers with routed experts on the CPU, and whether the current one is.
-        let (mut cpu_expert_layers, mut cpu_experts_here) = (0u32, false);
         for (k, &res) in resident.iter().enumerate() {
             let layer = self.layer[k];
             if layer != current_layer {
-                cpu_experts_here = false;
                 if !attn_visited {
                     if let Some(l) = current_layer {
                         visit(l >= self.kv_gpu_from);
@@ -692,10 +682,6 @@ impl Evaluator {
                         }
                     }
                 }
-                if self.routed[k] && e == Exec::Cpu && !cpu_experts_here {
-                    cpu_experts_here = true;
-                    cpu_expert_layers += 1;
-                }
                 // The CPU part of hybrid experts comes between GPU work, like an op on the CPU.
                 visit(!matches!(e, Exec::Cpu | Exec::Hybrid));
             }
@@ -706,8 +692,7 @@ impl Evaluator {
         if si == self.single {
             total -= self.cache_step(resident).map_or(0.0, |c| c.saved);
         }
-        let cpu_experts = f64::from(cpu_expert_layers) * self.cpu_experts_layer_s;
-        (total + cpu_experts + switches as f64 * self.switch_s + self.layers_s, link, sums)
+        (total + switches as f64 * self.switch_s + self.layers_s, link, sums)
     }
 
     /// Predicted TTFT and decode speed for a residency vector over `self.tensors`.
