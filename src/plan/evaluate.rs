@@ -244,14 +244,25 @@ impl Evaluator {
             let Some((gpu_experts, secs)) = cm.best_hybrid(&weights, 1) else {
                 continue;
             };
-            let shares = cm
+            let shares: Vec<(u32, HybridParts)> = cm
                 .hybrid_shares()
                 .into_iter()
                 .map(|k| (k, cm.hybrid_parts(&weights, 1, k)))
                 .collect();
-            // A share asked for is used wherever the split applies.
+            // A share asked for is used wherever the split applies. Else the
+            // split must beat the layer's host execs at the hits the expert
+            // cache gives once it holds a token's experts (the previous
+            // token's reuse), where decode caches experts: without them a
+            // split that copies every expert the GPU computes lost to the
+            // CPU in every layer of R4 on the H200, where the cache made it
+            // the faster one (`price_cache` prices the hits the room gives).
             let host: f64 = group.iter().map(|&k| times[si][k].2.max(times[si][k].3)).sum();
-            if secs >= host && cm.hybrid_gpu_experts.is_none() {
+            let least_hits = cm.cache_locality.map_or(0.0, |l| l.reuse);
+            let cached = shares
+                .iter()
+                .map(|(_, p)| p.seconds(least_hits))
+                .fold(f64::INFINITY, f64::min);
+            if cached >= host && cm.hybrid_gpu_experts.is_none() {
                 continue;
             }
             hybrid_k = gpu_experts;
