@@ -152,3 +152,55 @@ fn the_plan_is_no_slower_than_keeping_whole_layers_experts_on_the_gpu() {
         assert!(fitting > 0, "hybrid {hybrid:?}: no whole-layer placement fits");
     }
 }
+
+/// A profile whose GPU runs one token's K-quant expert matmuls at `slower`
+/// times Q4_0's time and whose CPU runs them at Q4_0's rate.
+fn with_slow_k_quant_gpu_experts(mut profile: MachineProfile, slower: f64) -> MachineProfile {
+    let q4_0: Vec<_> = profile
+        .matmul
+        .iter()
+        .filter(|s| s.experts.is_some() && s.ty == "q4_0")
+        .cloned()
+        .collect();
+    for ty in ["q4_K", "q6_K"] {
+        for s in &q4_0 {
+            let mut k = s.clone();
+            k.ty = ty.into();
+            if k.device == pipeshard::profile::Device::Gpu && k.tokens == 1 {
+                k.seconds *= slower;
+            }
+            profile.matmul.push(k);
+        }
+    }
+    profile.make_monotone();
+    profile
+}
+
+/// R4 at 8 GiB with the H200's compute buffers (llama.cpp reserved 1.17 GiB
+/// less than the estimate, call 2026-11-29-e), on a GPU slow enough at
+/// K-quant expert matmuls that a hybrid layer copying every expert the GPU
+/// computes costs more than the CPU: the expert cache holds most of them,
+/// so the plan still splits each token's experts. The admission without
+/// the cache made every layer's experts run on the CPU (hybrid experts 0),
+/// as the plan measured on the H200 did (there with the old pricing of the
+/// CPU's experts, at twice Q4_0's GPU time).
+#[test]
+fn hybrid_experts_are_admitted_at_the_hits_the_cache_gives() {
+    let profile = with_slow_k_quant_gpu_experts(h200_profile(), 6.0);
+    let info = synth::model_info("qwen3.6-35b-a3b", Quant::Q4_K_M).unwrap();
+    let plan_with = |hybrid: Option<u32>| {
+        let mut req = reference_request(8 * GIB);
+        req.compute_scale = 0.45;
+        req.hybrid_gpu_experts = hybrid;
+        plan::make_plan(&info, &profile, &req).unwrap()
+    };
+    let (chosen, cpu) = (plan_with(None), plan_with(Some(0)));
+    assert!(chosen.hybrid_gpu_experts > 0, "{}", chosen.hybrid_gpu_experts);
+    assert!(chosen.expert_cache.is_some());
+    assert!(
+        chosen.predicted.decode_tok_s > cpu.predicted.decode_tok_s,
+        "{:.1} tok/s against {:.1} with every host expert on the CPU",
+        chosen.predicted.decode_tok_s,
+        cpu.predicted.decode_tok_s
+    );
+}
