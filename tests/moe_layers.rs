@@ -123,7 +123,10 @@ fn the_plan_is_no_slower_than_keeping_whole_layers_experts_on_the_gpu() {
         let layer_bytes = |l: u32| -> u64 {
             let res = experts_on_gpu(&info, &ev, &[l]);
             let all = experts_on_gpu(&info, &ev, &[]);
-            (0..res.len()).filter(|&k| res[k] && !all[k]).map(|k| ev.device_bytes()[k]).sum()
+            (0..res.len())
+                .filter(|&k| res[k] && !all[k])
+                .map(|k| ev.device_bytes()[k])
+                .sum()
         };
         let mut by_size: Vec<u32> = (0..info.n_layer).rev().collect();
         by_size.sort_by_key(|&l| layer_bytes(l));

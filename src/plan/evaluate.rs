@@ -384,8 +384,7 @@ impl Evaluator {
             kv_gpu_from,
             switch_s: cm.overheads.device_switch_s,
             layers_s: model.n_layer as f64 * cm.overheads.layer_s
-                + (0..model.n_layer).filter(|&l| model.is_recurrent(l)).count() as f64
-                    * cm.overheads.recurrent_layer_s,
+                + (0..model.n_layer).filter(|&l| model.is_recurrent(l)).count() as f64 * cm.overheads.recurrent_layer_s,
             first_mask_s,
             ubatch_s: cm.overheads.ubatch_s,
             host_only,
