@@ -300,7 +300,12 @@ fn a_host_computed_weight_crosses_to_its_bias_and_back() {
     let mut unbiased = m.clone();
     unbiased.tensors.retain(|t| !(t.role.is_routed_expert() && t.is_bias()));
     let profile = profile();
-    let overheads = plan::Overheads::default();
+    // Without the fixed cost of a layer's experts on the CPU, which would
+    // stream the tiny preset's experts instead: the switches are the point.
+    let overheads = plan::Overheads {
+        cpu_experts_layer_s: 0.0,
+        ..Default::default()
+    };
     let decode_step = |m: &ModelInfo| {
         let cm = plan::CostModel::new(m, &profile, plan::Streaming::Pipelined, true, overheads, Some(0));
         let workload = PlanRequest::new(GIB, 4096).workload;

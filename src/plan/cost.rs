@@ -168,6 +168,37 @@ pub struct Overheads {
     /// slower each), CHANGELOG.md, session 14.
     #[serde(default = "default_decode_tier_layer_s")]
     pub decode_tier_layer_s: f64,
+    /// Seconds per ubatch that a layer whose routed experts run on the CPU
+    /// costs beyond its expert matmuls and its two device switches, shared
+    /// among its expert tensors' ops on the CPU: the
+    /// ops between and after them on the CPU (the GLU, the weighting and
+    /// the sum of each token's experts), each a barrier of the CPU's
+    /// threads, and the copies of the router's ids and weights to the host.
+    /// On the H200 host upstream's `--cpu-moe` decoded 60-110 µs per layer
+    /// slower than the expert samples and the switches price (R2 Q4_0
+    /// 76 µs, R2 Q4_K_M 63, R3 MXFP4 81, R4 Q4_K_M 109; each layer's
+    /// part of cpu-moe's step less full-GPU's, calls 2026-11-28-a and
+    /// 2026-11-29-e). The CPU part of hybrid experts has its own
+    /// calibration ([`Overheads::hybrid_cpu_contention`]).
+    #[serde(default = "default_cpu_experts_layer_s")]
+    pub cpu_experts_layer_s: f64,
+    /// Seconds per ubatch of a recurrent (Gated-DeltaNet) layer's mixer
+    /// beyond its projections and [`Overheads::layer_s`]: its convolution,
+    /// gates, state update and normalisation are a score of small kernels
+    /// that no sample prices. Upstream's full-GPU decode of R4
+    /// (Qwen3.6-35B-A3B, 30 recurrent layers of 40) took 4.57 ms a token
+    /// on the H200 where the samples priced 3.34 ms (call 2026-11-29-e):
+    /// 41 µs per recurrent layer.
+    #[serde(default = "default_recurrent_layer_s")]
+    pub recurrent_layer_s: f64,
+}
+
+fn default_cpu_experts_layer_s() -> f64 {
+    80e-6
+}
+
+fn default_recurrent_layer_s() -> f64 {
+    41e-6
 }
 
 fn default_decode_tier_layer_s() -> f64 {
@@ -200,6 +231,8 @@ impl Default for Overheads {
             mask_entry_s: default_mask_entry_s(),
             ubatch_s: default_ubatch_s(),
             decode_tier_layer_s: default_decode_tier_layer_s(),
+            cpu_experts_layer_s: default_cpu_experts_layer_s(),
+            recurrent_layer_s: default_recurrent_layer_s(),
         }
     }
 }
@@ -380,7 +413,7 @@ impl<'a> CostModel<'a> {
     pub fn op_seconds_out(&self, t: &ModelTensor, n: u64, exec: Exec, outputs: u64) -> f64 {
         match exec {
             Exec::Resident => self.compute_seconds_out(t, n, Device::Gpu, outputs),
-            Exec::Cpu => self.compute_seconds_out(t, n, Device::Cpu, outputs),
+            Exec::Cpu => self.compute_seconds_out(t, n, Device::Cpu, outputs) + self.cpu_experts_share(t),
             Exec::Hybrid | Exec::Split => f64::INFINITY,
             Exec::Stream => {
                 let bw = self.link_bw();
@@ -401,6 +434,24 @@ impl<'a> CostModel<'a> {
                 }
             }
         }
+    }
+
+    /// The share of [`Overheads::cpu_experts_layer_s`] that an op on the
+    /// CPU with weight `t` carries: a routed-expert tensor's part of its
+    /// layer's (shared among the layer's expert tensors, so that the
+    /// choice between the CPU and streaming, made weight by weight, sees
+    /// it); nothing for other weights.
+    fn cpu_experts_share(&self, t: &ModelTensor) -> f64 {
+        if !t.holds_routed_experts() {
+            return 0.0;
+        }
+        let in_layer = self
+            .model
+            .tensors
+            .iter()
+            .filter(|o| o.layer == t.layer && o.holds_routed_experts())
+            .count();
+        self.overheads.cpu_experts_layer_s / in_layer.max(1) as f64
     }
 
     /// Seconds the link is busy streaming `t` for a ubatch of `n` tokens.

@@ -77,7 +77,8 @@ pub struct Evaluator {
     attention_link: Vec<f64>,
     kv_gpu_from: u32,
     switch_s: f64,
-    /// Seconds per ubatch for the small ops of every layer.
+    /// Seconds per ubatch for the small ops of every layer (and the
+    /// recurrent layers' mixers, see `Overheads::recurrent_layer_s`).
     layers_s: f64,
     /// The first prompt ubatch's attention masks, filled on the host before
     /// its graph starts (see `Overheads::mask_entry_s`).
@@ -252,14 +253,25 @@ impl Evaluator {
             let Some((gpu_experts, secs)) = cm.best_hybrid(&weights, 1) else {
                 continue;
             };
-            let shares = cm
+            let shares: Vec<(u32, HybridParts)> = cm
                 .hybrid_shares()
                 .into_iter()
                 .map(|k| (k, cm.hybrid_parts(&weights, 1, k)))
                 .collect();
-            // A share asked for is used wherever the split applies.
+            // A share asked for is used wherever the split applies. Else the
+            // split must beat the layer's host execs at the hits the expert
+            // cache gives once it holds a token's experts (the previous
+            // token's reuse), where decode caches experts: without them a
+            // split that copies every expert the GPU computes lost to the
+            // CPU in every layer of R4 on the H200, where the cache made it
+            // the faster one (`price_cache` prices the hits the room gives).
             let host: f64 = group.iter().map(|&k| times[si][k].2.max(times[si][k].3)).sum();
-            if secs >= host && cm.hybrid_gpu_experts.is_none() {
+            let least_hits = cm.cache_locality.map_or(0.0, |l| l.reuse);
+            let cached = shares
+                .iter()
+                .map(|(_, p)| p.seconds(least_hits))
+                .fold(f64::INFINITY, f64::min);
+            if cached >= host && cm.hybrid_gpu_experts.is_none() {
                 continue;
             }
             hybrid_k = gpu_experts;
@@ -405,7 +417,8 @@ impl Evaluator {
             attention_link,
             kv_gpu_from,
             switch_s: cm.overheads.device_switch_s,
-            layers_s: model.n_layer as f64 * cm.overheads.layer_s,
+            layers_s: model.n_layer as f64 * cm.overheads.layer_s
+                + (0..model.n_layer).filter(|&l| model.is_recurrent(l)).count() as f64 * cm.overheads.recurrent_layer_s,
             first_mask_s,
             ubatch_s: cm.overheads.ubatch_s,
             host_only,

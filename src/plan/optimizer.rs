@@ -73,6 +73,36 @@ pub fn value_per_byte(
         .collect()
 }
 
+/// `order` with each layer's routed-expert tensors made resident together,
+/// as llama.cpp's `-ncmoe` keeps whole layers' experts on the GPU: the
+/// layers' groups and the other weights ordered by the seconds they save
+/// per byte together. A layer with some of its expert tensors resident
+/// still runs the others on the CPU, with the device switches (and the
+/// hybrid split it loses) that the per-tensor order does not count, so a
+/// prefix of whole layers can beat every prefix of that order.
+fn whole_layer_order(model: &ModelInfo, ev: &Evaluator, order: &[usize]) -> Vec<usize> {
+    let sizes = ev.device_bytes();
+    let mut units: Vec<Vec<usize>> = Vec::new();
+    for &k in order {
+        let t = &model.tensors[ev.tensors[k]];
+        let group = t.holds_routed_experts().then_some(t.layer).flatten();
+        let same = |u: &Vec<usize>| {
+            let f = &model.tensors[ev.tensors[u[0]]];
+            group.is_some() && f.holds_routed_experts() && f.layer == group
+        };
+        match units.iter_mut().find(|u| same(u)) {
+            Some(u) => u.push(k),
+            None => units.push(vec![k]),
+        }
+    }
+    let ratio = |u: &[usize]| {
+        u.iter().map(|&k| ev.saving(k)).sum::<f64>() / u.iter().map(|&k| sizes[k].max(1)).sum::<u64>() as f64
+    };
+    // Stable: units of equal value keep the per-tensor order's.
+    units.sort_by(|a, b| ratio(b).total_cmp(&ratio(a)));
+    units.concat()
+}
+
 /// Make the best plan for `model` on the machine described by `profile`.
 pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest) -> Result<Plan, PlanError> {
     if req.n_ctx == 0 || req.workload.prompt_tokens == 0 {
@@ -163,7 +193,9 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
             // order first makes resident the weights far larger than the
             // typical one (an output matrix that streams in every tier
             // would otherwise size every slot, and the first order may
-            // reach it only after most of the budget is spent).
+            // reach it only after most of the budget is spent). A third
+            // makes each layer's routed experts resident together
+            // (`whole_layer_order`).
             let slot_bytes = |resident: &[bool]| match streaming {
                 Streaming::Synchronous => 0,
                 Streaming::Overlapped | Streaming::Pipelined => ev.slot_bytes(resident, req.stream_slots),
@@ -176,11 +208,14 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 big.sort_by_key(|&k| std::cmp::Reverse(sizes[k]));
                 let mut big_first = big.clone();
                 big_first.extend(order.iter().copied().filter(|k| !big.contains(k)));
-                if big.is_empty() || big_first == order {
-                    vec![order]
-                } else {
-                    vec![order, big_first]
+                let whole = whole_layer_order(model, &ev, &order);
+                let mut orders = vec![order];
+                for o in [big_first, whole] {
+                    if !orders.contains(&o) {
+                        orders.push(o);
+                    }
                 }
+                orders
             };
             // (objective, order, prefix length, weight bytes, slot bytes)
             let mut cfg_best: Option<(f64, usize, usize, u64, u64)> = None;
