@@ -246,7 +246,7 @@ impl PipeshardOptions {
             return match devices.as_slice() {
                 [one] if Some(one.index) == first => Ok(Some(one.bytes)),
                 _ => Err(LaunchError::Options(format!(
-                    "--vram-budget {}: this command runs on one device, the first GPU; a plan across devices is `pipeshard plan`'s so far",
+                    "--vram-budget {}: this command runs on one device, the first GPU; `pipeshard run` and `pipeshard plan` take budgets across devices",
                     self.vram_budget.as_deref().unwrap_or_default()
                 ))),
             };
