@@ -347,19 +347,38 @@ fn a_plan_across_two_rpc_devices_runs_with_the_local_greedy_tokens() {
         // The second device's weights are on its server.
         assert!(parts[1].3 > 0 && model_mib_at(&log, &b.endpoint) > 0.0, "{log}");
     }
-    // With every weight resident, the first device's are on its server too.
+    // With every weight resident, the first device's are on its server too;
+    // and llama.cpp runs one scheduler copy (its pipeline parallelism, on
+    // for a plain split across these devices, reserves compute per copy).
     let args = [
+        "run",
+        "-m",
+        &m,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "4",
+        "-t",
+        "2",
         "--rpc",
         &rpc,
-        "--vram-budget",
-        "RPC0=600MiB,RPC1=530MiB",
-        "--profile",
-        &profile,
     ];
-    let (_, log) = greedy_run(&m, &args);
+    let log = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_pipeshard"))
+            .args(args)
+            .args(extra)
+            .env("PIPESHARD_LOG", "info,llama.cpp=debug")
+            .output()
+            .expect("spawning pipeshard");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(log(&[]).contains("pipeline parallelism enabled"));
+    let split = log(&["--vram-budget", "RPC0=600MiB,RPC1=530MiB", "--profile", &profile]);
+    assert!(!split.contains("pipeline parallelism enabled"), "{split}");
     assert!(
-        loaded_parts(&log)[0].3 > 0 && model_mib_at(&log, &a.endpoint) > 0.0,
-        "{log}"
+        loaded_parts(&split)[0].3 > 0 && model_mib_at(&split, &a.endpoint) > 0.0,
+        "{split}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -421,5 +440,71 @@ fn a_run_across_devices_refuses_what_it_cannot_place_with_exit_code_1() {
         .port();
     let down = format!("{},127.0.0.1:{port}", server.endpoint);
     assert_clean_failure(&run("RPC0=600MiB,RPC1=600MiB", &down), "no connection");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_server_runs_a_plan_across_two_rpc_devices_and_reports_each() {
+    let m = model();
+    let (a, b) = (RpcServer::start(), RpcServer::start());
+    let dir = common::scratch_dir("devices-server");
+    let profile = devices_profile(&dir, &["RPC0", "RPC1"]);
+    let (local, _) = greedy_run(&m, &[]);
+    let port = common::server::free_port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pipeshard-server"));
+    cmd.args([
+        "-m",
+        &m,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "-c",
+        "4096",
+        "-np",
+        "1",
+        "-t",
+        "2",
+    ])
+    .args(["--rpc", &format!("{},{}", a.endpoint, b.endpoint)])
+    .args([
+        "--vram-budget",
+        "RPC0=700MiB,RPC1=700MiB",
+        "--profile",
+        &profile,
+        "--metrics",
+    ]);
+    let mut server = common::server::Server::start(cmd, port, dir.join("server.log"));
+    server.wait_healthy(|_| {});
+    let body = serde_json::json!({"prompt": "The capital of France is", "n_predict": 24, "temperature": 0});
+    let answer = ureq::post(&server.url("/completion"))
+        .set("Content-Type", "application/json")
+        .send_string(&body.to_string())
+        .expect("a completion")
+        .into_string()
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["content"].as_str().unwrap(), local.trim_end_matches('\n'));
+    let metrics = ureq::get(&server.url("/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let layers = |device: &str| -> u64 {
+        let key = format!("pipeshard_device_layers{{device=\"{device}\"}} ");
+        let line = metrics.lines().find(|l| l.starts_with(&key));
+        line.and_then(|l| l[key.len()..].parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in:\n{metrics}"))
+    };
+    assert!(layers("RPC0") > 0 && layers("RPC1") > 0, "{metrics}");
+    assert_eq!(layers("RPC0") + layers("RPC1"), 30);
+    assert!(
+        metrics.contains("pipeshard_device_vram_budget_bytes{device=\"RPC1\"} 734003200"),
+        "{metrics}"
+    );
+    let props = ureq::get(&server.url("/props")).call().unwrap().into_string().unwrap();
+    let props: serde_json::Value = serde_json::from_str(&props).unwrap();
+    assert_eq!(props["pipeshard"]["plan"]["devices"][1]["device"], "RPC1", "{props}");
+    drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

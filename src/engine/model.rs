@@ -76,7 +76,7 @@ impl Default for ModelParams<'_> {
 /// `devices` as llama.cpp's null-terminated device list, and `split` as its
 /// `tensor_split` array (one float for each of its most devices); an error
 /// where a device index is not ggml's or there are more shares than slots.
-fn layer_split_arrays(devices: &[usize], split: &[f32]) -> Result<(Vec<ffi::ggml_backend_dev_t>, Vec<f32>)> {
+pub(crate) fn layer_split_arrays(devices: &[usize], split: &[f32]) -> Result<(Vec<ffi::ggml_backend_dev_t>, Vec<f32>)> {
     // SAFETY: plain queries.
     let (n_devices, max) = unsafe { (ffi::ggml_backend_dev_count(), ffi::llama_max_devices()) };
     if let Some(&bad) = devices.iter().find(|&&d| d >= n_devices) {
