@@ -351,10 +351,12 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         }
         None => None,
     };
+    let mut device_peaks = None;
     if let Some((applied, l)) = &across {
         for d in l.verify_loaded(applied, &mut ctx)? {
             eprintln!("loaded:   {d}");
         }
+        device_peaks = l.sample_peaks();
     }
     let loaded = match &mut session {
         Some(s) => {
@@ -463,11 +465,15 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
 
     let s = &out.stats;
     let peak_device = sampler.map(|s| s.stop());
+    let device_peaks = match (&across, device_peaks) {
+        (Some((_, l)), Some(p)) => l.peaks_and_budgets(p.stop()),
+        _ => Vec::new(),
+    };
     if args.json {
         let v = serde_json::json!({
             "model": model_path, "load_ms": load_ms, "stats": s, "image_encode_ms": encode_ms,
             "devices": engine::list_devices(), "memory": ctx.memory_breakdown(),
-            "peak_device_bytes": peak_device, "speculation": speculation,
+            "peak_device_bytes": peak_device, "device_peaks": device_peaks, "speculation": speculation,
             "predicted": plan.map(|p| p.predicted),
             "loaded_memory": loaded,
             "live": session.as_ref().and_then(|s| s.follower()).map(|f| {
@@ -518,6 +524,13 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
                     ", budget {}",
                     pipeshard::plan::fmt_bytes(p.vram.budget)
                 ))
+            );
+        }
+        for (device, peak, budget) in &device_peaks {
+            eprintln!(
+                "device:   {device} process peak {}, budget {}",
+                pipeshard::plan::fmt_bytes(*peak),
+                pipeshard::plan::fmt_bytes(*budget)
             );
         }
         for m in ctx.memory_breakdown() {

@@ -204,6 +204,37 @@ impl AcrossLaunch {
     }
 }
 
+impl AcrossLaunch {
+    /// Sample the process's memory on each of the plan's devices that
+    /// NVML knows; None where it knows none (remote devices, no NVML).
+    pub fn sample_peaks(&self) -> Option<engine::DevicePeaks> {
+        let devices: Vec<engine::Device> = engine::list_devices()
+            .into_iter()
+            .filter(|d| self.budgets.iter().any(|b| b.index == d.index))
+            .collect();
+        engine::DevicePeaks::start(&devices)
+    }
+
+    /// Each sampled device's (name, peak, budget), with a warning where a
+    /// peak went over its device's budget.
+    pub fn peaks_and_budgets(&self, peaks: Vec<(String, u64)>) -> Vec<(String, u64, u64)> {
+        peaks
+            .into_iter()
+            .map(|(device, peak)| {
+                let budget = self.budgets.iter().find(|b| b.device == device).map_or(0, |b| b.bytes);
+                if peak > budget {
+                    tracing::warn!(
+                        "{device}: the process's memory peaked at {}, over its budget of {}",
+                        fmt_bytes(peak),
+                        fmt_bytes(budget)
+                    );
+                }
+                (device, peak, budget)
+            })
+            .collect()
+    }
+}
+
 impl std::fmt::Display for DeviceLoaded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
