@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::engine::{self, Context, ContextParams, ModelParams};
 use crate::gguf::ModelInfo;
-use crate::plan::apply_devices::{apply_devices, streamed_on_cpu, AppliedDevices};
+use crate::plan::apply_devices::{apply_devices, AppliedDevices};
 use crate::plan::devices::{make_devices_plan, DeviceShare, DevicesPlan};
 use crate::plan::fmt_bytes;
 use crate::profile::{self, MachineProfile, TypesUsed};
@@ -140,11 +140,6 @@ impl AcrossLaunch {
         let applied = apply_devices(&self.plan, &indices)?;
         applied.configure_model(mp);
         applied.applied.configure_context(cp);
-        for (device, n) in streamed_on_cpu(&self.plan) {
-            tracing::warn!(
-                "{device}: {n} host weights its plan streams run on the CPU: llama.cpp's scheduler offloads ops on host weights to the first device of a split only"
-            );
-        }
         Ok(applied)
     }
 

@@ -6,9 +6,10 @@
 //! Two limits of the pinned llama.cpp shape what runs:
 //! - its scheduler offloads an op with a host weight to the first device
 //!   that takes it (the first of the split), not to the layer's own: the
-//!   first device's host weights stream as its plan says, while the host
-//!   weights of the later devices' layers are computed on the CPU, next to
-//!   them, so that no weight crosses to another layer's device;
+//!   first device's host weights stream as its plan says, while the later
+//!   devices' plans compute their host weights on the CPU, next to them
+//!   ([`super::devices`]), which their offload decisions hold to, so that no
+//!   weight crosses to another layer's device;
 //! - pipeline parallelism (`GGML_SCHED_MAX_COPIES`) is meant for splits
 //!   without tensor overrides: with several scheduler copies the compute
 //!   buffers would be reserved once per copy, beyond the plans' budgets, and
@@ -20,7 +21,6 @@ use std::sync::Arc;
 
 use super::apply::{apply_with, Applied, ApplyError};
 use super::devices::DevicesPlan;
-use super::Plan;
 use crate::engine::{self, BufferType, ModelParams, MoeSplitPolicy, Offload, OffloadPolicy, RowSplitPolicy};
 
 /// A tensor-override pattern no weight name matches: its presence alone
@@ -130,9 +130,9 @@ fn owners(plan: &DevicesPlan) -> Arc<HashMap<String, usize>> {
     )
 }
 
-/// Each part's own offload decisions for its weights; the later parts'
-/// streamed weights run on the CPU (the scheduler would take them to the
-/// first device).
+/// Each part's own offload decisions for its weights; a later part's host
+/// weights stay on the CPU, as its plan computes them (the scheduler would
+/// take them to the first device).
 fn offload_policy(plan: &DevicesPlan, owner: Arc<HashMap<String, usize>>) -> OffloadPolicy {
     let parts: Vec<OffloadPolicy> = plan
         .parts
@@ -174,22 +174,4 @@ fn row_split_policy(plan: &DevicesPlan, owner: Arc<HashMap<String, usize>>) -> O
             0
         }
     }))
-}
-
-/// The weights of `plan` that the later parts stream in their plans but
-/// that run on the CPU (see the module's notes), per part: what the first
-/// device's scheduler cannot take for them.
-pub fn streamed_on_cpu(plan: &DevicesPlan) -> Vec<(String, usize)> {
-    let streams = |p: &Plan| {
-        p.tensors
-            .iter()
-            .filter(|t| !t.resident && t.exec.iter().any(|(_, e)| *e == super::Exec::Stream))
-            .count()
-    };
-    plan.parts
-        .iter()
-        .skip(1)
-        .map(|p| (p.device.clone(), streams(&p.plan)))
-        .filter(|&(_, n)| n > 0)
-        .collect()
 }
