@@ -290,10 +290,12 @@ fn plan_part(
     // llama.cpp makes only the model's first layers CPU layers (its
     // n_gpu_layers counts from the last): the first device's plan may keep
     // its first layers' KV in host memory, every later device keeps all of
-    // its layers' KV.
+    // its layers' KV. The decode tier's swap of residency between a prompt
+    // and its decoding is a one-device session's, which a split has not got.
     let req = PlanRequest {
         budget: dev.budget,
         kv_gpu_layers: if d == 0 { req.kv_gpu_layers } else { Some(end - first) },
+        decode_tier: false,
         ..req.clone()
     };
     let profile = part_profile(dev.profile, d);
@@ -479,6 +481,9 @@ mod tests {
             // The model does not fit: the first device streams.
             assert!(streamed(&plan.parts[0]) > 0, "{a}+{b} GiB");
             assert_eq!(streamed(&plan.parts[1]), 0, "{a}+{b} GiB");
+            // No part swaps residency after the prompt: that is a
+            // one-device session's.
+            assert!(plan.parts.iter().all(|p| p.plan.decode_tier.is_none()), "{a}+{b} GiB");
         }
     }
 
