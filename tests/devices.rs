@@ -278,3 +278,233 @@ fn a_plan_across_devices_shows_the_split_and_refuses_unknown_devices() {
     );
     assert_clean_failure(&plan("CUDA0=2GiB,CUDA2=2GiB"), "no device CUDA2");
 }
+
+/// A devices profile in `dir` that names `devices`, each with the
+/// order-of-magnitude GPU profile of the fixtures.
+fn devices_profile(dir: &Path, devices: &[&str]) -> String {
+    let gpu = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpu-machine-profile.yaml");
+    let mut text = String::from("devices:\n");
+    for d in devices {
+        text.push_str(&format!("  - name: {d}\n    profile: {}\n", gpu.display()));
+    }
+    std::fs::create_dir_all(dir).expect("a directory for the devices profile");
+    let path = dir.join("devices.yaml");
+    std::fs::write(&path, text).expect("writing the devices profile");
+    path.to_string_lossy().into_owned()
+}
+
+/// Each `loaded:` line of a run across devices: (device, first layer, last
+/// layer, weights resident as planned).
+fn loaded_parts(log: &str) -> Vec<(String, u32, u32, u32)> {
+    log.lines()
+        .filter_map(|l| l.strip_prefix("loaded:"))
+        .map(|l| {
+            let (device, rest) = l.trim().split_once(" (layers ").expect("a device and its layers");
+            let (layers, rest) = rest.split_once("): ").expect("the layers' end");
+            let (first, last) = layers.split_once('-').expect("first-last");
+            let weights = rest.split_whitespace().next().expect("a weight count");
+            (
+                device.to_string(),
+                first.parse().unwrap(),
+                last.parse().unwrap(),
+                weights.parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Weight bytes (MiB, as `memory:` prints them) on the buffer type whose
+/// name holds `endpoint`.
+fn model_mib_at(log: &str, endpoint: &str) -> f64 {
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("memory:") && l.contains(endpoint))
+        .unwrap_or_else(|| panic!("no memory line for {endpoint}:\n{log}"));
+    let after = line.split_once(" model ").expect("model bytes").1;
+    after.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_plan_across_two_rpc_devices_runs_with_the_local_greedy_tokens() {
+    let m = model();
+    let (a, b) = (RpcServer::start(), RpcServer::start());
+    let dir = common::scratch_dir("devices-across");
+    let profile = devices_profile(&dir, &["RPC0", "RPC1"]);
+    let rpc = format!("{},{}", a.endpoint, b.endpoint);
+    let (local, _) = greedy_run(&m, &[]);
+    // Every weight resident, split between the two; then the first
+    // device's layers all streamed from host memory, the second's resident.
+    for budget in ["RPC0=600MiB,RPC1=530MiB", "RPC0=500MiB,RPC1=520MiB"] {
+        let args = ["--rpc", &rpc, "--vram-budget", budget, "--profile", &profile];
+        let (split, log) = greedy_run(&m, &args);
+        assert!(log.contains("across 2 devices"), "{budget}: {log}");
+        assert_eq!(split, local, "{budget}: {log}");
+        let parts = loaded_parts(&log);
+        let names: Vec<&str> = parts.iter().map(|p| p.0.as_str()).collect();
+        assert_eq!(names, ["RPC0", "RPC1"], "{log}");
+        // Contiguous, in order, every layer of SmolLM2's 30 once.
+        assert_eq!((parts[0].1, parts[1].1, parts[1].2), (0, parts[0].2 + 1, 29), "{log}");
+        // The second device's weights are on its server.
+        assert!(parts[1].3 > 0 && model_mib_at(&log, &b.endpoint) > 0.0, "{log}");
+    }
+    // With every weight resident, the first device's are on its server too;
+    // and llama.cpp runs one scheduler copy (its pipeline parallelism, on
+    // for a plain split across these devices, reserves compute per copy).
+    let args = [
+        "run",
+        "-m",
+        &m,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "4",
+        "-t",
+        "2",
+        "--rpc",
+        &rpc,
+    ];
+    let log = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_pipeshard"))
+            .args(args)
+            .args(extra)
+            .env("PIPESHARD_LOG", "info,llama.cpp=debug")
+            .output()
+            .expect("spawning pipeshard");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(log(&[]).contains("pipeline parallelism enabled"));
+    let split = log(&["--vram-budget", "RPC0=600MiB,RPC1=530MiB", "--profile", &profile]);
+    assert!(!split.contains("pipeline parallelism enabled"), "{split}");
+    assert!(
+        loaded_parts(&split)[0].3 > 0 && model_mib_at(&split, &a.endpoint) > 0.0,
+        "{split}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_run_across_devices_refuses_what_it_cannot_place_with_exit_code_1() {
+    let m = model();
+    let server = RpcServer::start();
+    let dir = common::scratch_dir("devices-across-bad");
+    let profile = devices_profile(&dir, &["RPC0"]);
+    let run = |budget: &str, rpc: &str| {
+        pipeshard(&[
+            "run",
+            "-m",
+            &m,
+            "-n",
+            "1",
+            "-t",
+            "2",
+            "--rpc",
+            rpc,
+            "--vram-budget",
+            budget,
+            "--profile",
+            &profile,
+        ])
+    };
+    // A second device that is not there.
+    assert_clean_failure(&run("RPC0=600MiB,RPC1=600MiB", &server.endpoint), "no device RPC1");
+    // A device the profile does not describe.
+    let second = RpcServer::start();
+    let two = format!("{},{}", server.endpoint, second.endpoint);
+    assert_clean_failure(
+        &run("RPC0=600MiB,RPC1=600MiB", &two),
+        "the devices profile has no device RPC1",
+    );
+    // A budget too small for the layers the device is given.
+    let both = devices_profile(&dir.join("both"), &["RPC0", "RPC1"]);
+    let out = pipeshard(&[
+        "run",
+        "-m",
+        &m,
+        "-n",
+        "1",
+        "-t",
+        "2",
+        "--rpc",
+        &two,
+        "--vram-budget",
+        "RPC0=10MiB,RPC1=600MiB",
+        "--profile",
+        &both,
+    ]);
+    assert_clean_failure(&out, "RPC0 (layers 0-");
+    // A server that went away.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let down = format!("{},127.0.0.1:{port}", server.endpoint);
+    assert_clean_failure(&run("RPC0=600MiB,RPC1=600MiB", &down), "no connection");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_server_runs_a_plan_across_two_rpc_devices_and_reports_each() {
+    let m = model();
+    let (a, b) = (RpcServer::start(), RpcServer::start());
+    let dir = common::scratch_dir("devices-server");
+    let profile = devices_profile(&dir, &["RPC0", "RPC1"]);
+    let (local, _) = greedy_run(&m, &[]);
+    let port = common::server::free_port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pipeshard-server"));
+    cmd.args([
+        "-m",
+        &m,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "-c",
+        "4096",
+        "-np",
+        "1",
+        "-t",
+        "2",
+    ])
+    .args(["--rpc", &format!("{},{}", a.endpoint, b.endpoint)])
+    .args([
+        "--vram-budget",
+        "RPC0=700MiB,RPC1=700MiB",
+        "--profile",
+        &profile,
+        "--metrics",
+    ]);
+    let mut server = common::server::Server::start(cmd, port, dir.join("server.log"));
+    server.wait_healthy(|_| {});
+    let body = serde_json::json!({"prompt": "The capital of France is", "n_predict": 24, "temperature": 0});
+    let answer = ureq::post(&server.url("/completion"))
+        .set("Content-Type", "application/json")
+        .send_string(&body.to_string())
+        .expect("a completion")
+        .into_string()
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["content"].as_str().unwrap(), local.trim_end_matches('\n'));
+    let metrics = ureq::get(&server.url("/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let layers = |device: &str| -> u64 {
+        let key = format!("pipeshard_device_layers{{device=\"{device}\"}} ");
+        let line = metrics.lines().find(|l| l.starts_with(&key));
+        line.and_then(|l| l[key.len()..].parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in:\n{metrics}"))
+    };
+    assert!(layers("RPC0") > 0 && layers("RPC1") > 0, "{metrics}");
+    assert_eq!(layers("RPC0") + layers("RPC1"), 30);
+    assert!(
+        metrics.contains("pipeshard_device_vram_budget_bytes{device=\"RPC1\"} 734003200"),
+        "{metrics}"
+    );
+    let props = ureq::get(&server.url("/props")).call().unwrap().into_string().unwrap();
+    let props: serde_json::Value = serde_json::from_str(&props).unwrap();
+    assert_eq!(props["pipeshard"]["plan"]["devices"][1]["device"], "RPC1", "{props}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,14 +1,14 @@
 //! `pipeshard plan --vram-budget CUDA0=SIZE,CUDA1=SIZE`: a plan across
 //! devices, each with its budget and profile.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use pipeshard::engine;
 use pipeshard::gguf::ModelInfo;
 use pipeshard::launch::devices::{self, DeviceBudgetSpec};
 use pipeshard::launch::{self, BudgetSpec};
 use pipeshard::plan::devices::{make_devices_plan, DeviceShare};
 use pipeshard::plan::render_devices;
-use pipeshard::profile::{self, MachineProfile};
+use pipeshard::profile::MachineProfile;
 
 use super::plan::{resolve_profile, PlanArgs};
 
@@ -61,35 +61,14 @@ fn device_profiles(
     threads: i32,
     specs: &[DeviceBudgetSpec],
 ) -> Result<Vec<MachineProfile>> {
-    let listed = match &args.budget.profile {
-        Some(path) => profile::load_devices(path)?,
-        None => {
+    let names: Vec<String> = specs.iter().map(|s| s.device.clone()).collect();
+    launch::across::device_profiles(args.budget.profile.as_deref(), &names, || {
+        if args.budget.profile.is_none() {
             // Planning for this machine: its devices must exist.
             args.budget.device_budgets()?;
-            None
         }
-    };
-    let Some(listed) = listed else {
-        let one = resolve_profile(&args.budget, threads, info)?;
-        return Ok(vec![one; specs.len()]);
-    };
-    specs
-        .iter()
-        .map(|spec| {
-            listed
-                .iter()
-                .find(|(name, _)| name.eq_ignore_ascii_case(&spec.device))
-                .map(|(_, p)| p.clone())
-                .with_context(|| {
-                    let names: Vec<&str> = listed.iter().map(|(n, _)| n.as_str()).collect();
-                    format!(
-                        "the devices profile has no device {} (it names {})",
-                        spec.device,
-                        names.join(", ")
-                    )
-                })
-        })
-        .collect()
+        resolve_profile(&args.budget, threads, info)
+    })
 }
 
 /// Each device's budget, bytes: sizes as given; `auto` reads the device,

@@ -152,6 +152,10 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
     };
     engine::init(global.backend_dir.as_deref()).context("initialising llama.cpp")?;
     args.rpc.connect()?;
+    let across = launch::across::budgets_across(&args.budget)?;
+    if across.is_some() {
+        check_across(&args)?;
+    }
 
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     // The process's device memory, sampled until the end.
@@ -222,12 +226,29 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
     } else {
         Workload::default()
     };
-    let req = launch::LaunchRequest {
-        vision: vision.unwrap_or_default(),
-        draft: args.draft.source()?,
-        ..launch::LaunchRequest::new(&model_path, &args.budget, threads, workload)?
+    let across = match across {
+        Some(budgets) => {
+            let req = launch::LaunchRequest::with_budget(&model_path, &args.budget, threads, workload, None)?;
+            let l = plan_across_with_bar(&req, &ctx_params, budgets)?;
+            eprint!(
+                "{}",
+                pipeshard::plan::render_devices(&l.plan, pipeshard::plan::Format::Table)
+            );
+            Some((l.install(&mut model_params, &mut ctx_params)?, l))
+        }
+        None => None,
     };
-    let launched = plan_with_bar(&req, &ctx_params)?;
+    let launched = match across {
+        Some(_) => None,
+        None => {
+            let req = launch::LaunchRequest {
+                vision: vision.unwrap_or_default(),
+                draft: args.draft.source()?,
+                ..launch::LaunchRequest::new(&model_path, &args.budget, threads, workload)?
+            };
+            plan_with_bar(&req, &ctx_params)?
+        }
+    };
     let mut session = None;
     if let Some(l) = &launched {
         let plan = &l.plan;
@@ -330,6 +351,13 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         }
         None => None,
     };
+    let mut device_peaks = None;
+    if let Some((applied, l)) = &across {
+        for d in l.verify_loaded(applied, &mut ctx)? {
+            eprintln!("loaded:   {d}");
+        }
+        device_peaks = l.sample_peaks();
+    }
     let loaded = match &mut session {
         Some(s) => {
             let others: Vec<&Context<'_>> = draft_ctx.iter().collect();
@@ -437,11 +465,15 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
 
     let s = &out.stats;
     let peak_device = sampler.map(|s| s.stop());
+    let device_peaks = match (&across, device_peaks) {
+        (Some((_, l)), Some(p)) => l.peaks_and_budgets(p.stop()),
+        _ => Vec::new(),
+    };
     if args.json {
         let v = serde_json::json!({
             "model": model_path, "load_ms": load_ms, "stats": s, "image_encode_ms": encode_ms,
             "devices": engine::list_devices(), "memory": ctx.memory_breakdown(),
-            "peak_device_bytes": peak_device, "speculation": speculation,
+            "peak_device_bytes": peak_device, "device_peaks": device_peaks, "speculation": speculation,
             "predicted": plan.map(|p| p.predicted),
             "loaded_memory": loaded,
             "live": session.as_ref().and_then(|s| s.follower()).map(|f| {
@@ -494,6 +526,13 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
                 ))
             );
         }
+        for (device, peak, budget) in &device_peaks {
+            eprintln!(
+                "device:   {device} process peak {}, budget {}",
+                pipeshard::plan::fmt_bytes(*peak),
+                pipeshard::plan::fmt_bytes(*budget)
+            );
+        }
         for m in ctx.memory_breakdown() {
             eprintln!(
                 "memory:   {:<12} model {:>8.1} MiB  context {:>8.1} MiB  compute {:>8.1} MiB",
@@ -505,6 +544,38 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What a run across devices does not take yet.
+fn check_across(args: &RunArgs) -> Result<()> {
+    let unsupported = [
+        (args.draft.draft_model.is_some(), "a draft model (--model-draft)"),
+        (args.mmproj.is_some(), "a vision projector (--mmproj)"),
+        (args.budget.plan.is_some(), "a saved plan (--plan)"),
+    ];
+    match unsupported.iter().find(|(given, _)| *given) {
+        Some((_, what)) => anyhow::bail!(
+            "--vram-budget {}: a run across devices does not take {what} yet",
+            args.budget.vram_budget.as_deref().unwrap_or_default()
+        ),
+        None => Ok(()),
+    }
+}
+
+/// A plan across the devices of `budgets`, with a progress bar while a
+/// missing profile is measured.
+fn plan_across_with_bar(
+    req: &launch::LaunchRequest<'_>,
+    cp: &ContextParams,
+    budgets: Vec<launch::devices::DeviceBudget>,
+) -> Result<launch::across::AcrossLaunch> {
+    let bar = progress::steps_bar(1, "profiling");
+    let r = launch::across::plan_across(req, cp, budgets, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    Ok(r?)
 }
 
 /// The prompt as the model reads it: wrapped in its chat template as a user

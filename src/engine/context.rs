@@ -625,6 +625,7 @@ impl<'m> Context<'m> {
                 MemoryBreakdown {
                     buffer_type: b.name(),
                     is_host: b.is_host(),
+                    device: b.device_index(),
                     model: e.model as u64,
                     context: e.context as u64,
                     compute: e.compute as u64,

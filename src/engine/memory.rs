@@ -31,6 +31,18 @@ impl BufferType {
         unsafe { ffi::ggml_backend_buft_is_host(self.0) }
     }
 
+    /// ggml's index of the device this buffer type belongs to, if any.
+    pub fn device_index(&self) -> Option<usize> {
+        // SAFETY: a valid buffer type; device queries with in-range indices.
+        unsafe {
+            let dev = ffi::ggml_backend_buft_get_device(self.0);
+            if dev.is_null() {
+                return None;
+            }
+            (0..ffi::ggml_backend_dev_count()).find(|&i| ffi::ggml_backend_dev_get(i) == dev)
+        }
+    }
+
     /// Bytes a tensor of this type and shape takes on this buffer type,
     /// including backend padding.
     pub fn alloc_size(&self, ty: ffi::ggml_type, ne: [i64; 4]) -> u64 {
@@ -101,6 +113,8 @@ pub fn device_buffer_types(device_index: usize) -> Option<(BufferType, Option<Bu
 pub struct MemoryBreakdown {
     pub buffer_type: String,
     pub is_host: bool,
+    /// ggml's index of the buffer type's device.
+    pub device: Option<usize>,
     /// Weights.
     pub model: u64,
     /// KV cache and other per-sequence state.

@@ -15,6 +15,7 @@ mod backend;
 mod borrowed_decode;
 mod context;
 mod cuda_limits;
+mod device_peaks;
 mod error;
 pub mod ffi;
 mod fit;
@@ -37,6 +38,7 @@ pub use backend::{
     Device, DeviceKind,
 };
 pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAttention, Perf};
+pub use device_peaks::DevicePeaks;
 pub use error::{EngineError, Result};
 pub use fit::{fit_params, Fitted};
 pub use memory::{

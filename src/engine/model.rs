@@ -45,6 +45,13 @@ pub struct ModelParams<'a> {
     /// 0039), which the CPU's part of hybrid experts and of a dense row split
     /// computes with: faster CPU kernels for as much host memory again.
     pub cpu_weight_copies: bool,
+    /// The devices the model's layers go to, by ggml's device index, in
+    /// llama.cpp's layer order (`-dev`); empty: every device llama.cpp
+    /// finds, as upstream chooses.
+    pub devices: Vec<usize>,
+    /// With `devices`: each device's share of the offloaded layers
+    /// (`-ts`), split by layer (`-sm layer`); empty: by free memory.
+    pub tensor_split: Vec<f32>,
 }
 
 impl Default for ModelParams<'_> {
@@ -60,8 +67,38 @@ impl Default for ModelParams<'_> {
             repack: true,
             movable_weights: false,
             cpu_weight_copies: false,
+            devices: Vec::new(),
+            tensor_split: Vec::new(),
         }
     }
+}
+
+/// `devices` as llama.cpp's null-terminated device list, and `split` as its
+/// `tensor_split` array (one float for each of its most devices); an error
+/// where a device index is not ggml's or there are more shares than slots.
+pub(crate) fn layer_split_arrays(devices: &[usize], split: &[f32]) -> Result<(Vec<ffi::ggml_backend_dev_t>, Vec<f32>)> {
+    // SAFETY: plain queries.
+    let (n_devices, max) = unsafe { (ffi::ggml_backend_dev_count(), ffi::llama_max_devices()) };
+    if let Some(&bad) = devices.iter().find(|&&d| d >= n_devices) {
+        return Err(EngineError::InvalidArgument(format!(
+            "device index {bad}: ggml has {n_devices} devices"
+        )));
+    }
+    if devices.len() > max || split.len() > max {
+        return Err(EngineError::InvalidArgument(format!(
+            "{} devices for a layer split: llama.cpp takes at most {max}",
+            devices.len().max(split.len())
+        )));
+    }
+    // SAFETY: every index was checked against the device count.
+    let mut list: Vec<ffi::ggml_backend_dev_t> = devices
+        .iter()
+        .map(|&d| unsafe { ffi::ggml_backend_dev_get(d) })
+        .collect();
+    list.push(std::ptr::null_mut());
+    let mut shares = split.to_vec();
+    shares.resize(max, 0.0);
+    Ok((list, shares))
 }
 
 /// A loaded model. Immutable and shareable between threads and contexts.
@@ -148,6 +185,14 @@ impl Model {
         mp.use_extra_bufts = params.repack;
         mp.movable_weights = params.movable_weights;
         mp.cpu_weight_copies = params.cpu_weight_copies;
+        let (device_list, shares) = layer_split_arrays(&params.devices, &params.tensor_split)?;
+        if !params.devices.is_empty() {
+            mp.devices = device_list.as_ptr() as *mut ffi::ggml_backend_dev_t;
+            mp.split_mode = ffi::LLAMA_SPLIT_MODE_LAYER;
+            if !params.tensor_split.is_empty() {
+                mp.tensor_split = shares.as_ptr();
+            }
+        }
         let placement = params.placement.take();
         if let Some(pl) = &placement {
             mp.tensor_buft_cb = Some(tensor_buft_trampoline);
@@ -168,8 +213,9 @@ impl Model {
         mp.progress_callback = Some(progress_trampoline);
         mp.progress_callback_user_data = &mut wrapped as *mut Box<dyn FnMut(f32) -> bool + '_> as *mut c_void;
 
-        // SAFETY: c_path, overrides (and the patterns they point into) and
-        // `wrapped` all outlive this call; llama.cpp does not keep them.
+        // SAFETY: c_path, overrides (and the patterns they point into),
+        // device_list, shares and `wrapped` all outlive this call;
+        // llama.cpp copies the devices and keeps no other pointer.
         let raw = unsafe { ffi::llama_model_load_from_file(c_path.as_ptr(), mp) };
         drop(wrapped);
         drop(placement);

@@ -82,9 +82,22 @@ impl ModelParams<'static> {
         }
     }
 
-    /// Install what the hook may set; the placement callback is leaked, as
-    /// a model may be loaded again (the server's sleep and resume) at any time.
-    fn write_c_placed(self, mp: &mut ffi::llama_model_params) {
+    /// Install what the hook may set; the placement callback, the layer
+    /// split and the added tensor overrides are leaked, as a model may be
+    /// loaded again (the server's sleep and resume) at any time.
+    fn write_c_placed(self, mp: &mut ffi::llama_model_params) -> Result<(), String> {
+        if !self.devices.is_empty() {
+            let (devices, shares) =
+                super::model::layer_split_arrays(&self.devices, &self.tensor_split).map_err(|e| e.to_string())?;
+            mp.devices = Box::leak(devices.into_boxed_slice()).as_mut_ptr();
+            mp.split_mode = ffi::LLAMA_SPLIT_MODE_LAYER;
+            if !self.tensor_split.is_empty() {
+                mp.tensor_split = Box::leak(shares.into_boxed_slice()).as_ptr();
+            }
+        }
+        if !self.tensor_overrides.is_empty() {
+            mp.tensor_buft_overrides = with_overrides(mp.tensor_buft_overrides, &self.tensor_overrides)?;
+        }
         mp.n_gpu_layers = self.n_gpu_layers;
         mp.movable_weights = self.movable_weights;
         mp.cpu_weight_copies = self.cpu_weight_copies;
@@ -96,7 +109,39 @@ impl ModelParams<'static> {
             mp.tensor_buft_cb = Some(tensor_buft_trampoline);
             mp.tensor_buft_cb_user_data = placement as *const _ as *mut c_void;
         }
+        Ok(())
     }
+}
+
+/// Upstream's tensor overrides (`-ot`, ended by a null pattern; null: none)
+/// followed by `added`, as a leaked list that ends the same way.
+fn with_overrides(
+    upstream: *const ffi::llama_model_tensor_buft_override,
+    added: &[(String, super::BufferType)],
+) -> Result<*const ffi::llama_model_tensor_buft_override, String> {
+    let mut list = Vec::new();
+    if !upstream.is_null() {
+        // SAFETY: common's list of overrides ends with a null pattern.
+        unsafe {
+            let mut o = upstream;
+            while !(*o).pattern.is_null() {
+                list.push(*o);
+                o = o.add(1);
+            }
+        }
+    }
+    for (pattern, buft) in added {
+        let c = CString::new(pattern.as_str()).map_err(|_| format!("a NUL in the tensor override {pattern:?}"))?;
+        list.push(ffi::llama_model_tensor_buft_override {
+            pattern: Box::leak(c.into_boxed_c_str()).as_ptr(),
+            buft: buft.0,
+        });
+    }
+    list.push(ffi::llama_model_tensor_buft_override {
+        pattern: std::ptr::null(),
+        buft: std::ptr::null_mut(),
+    });
+    Ok(Box::leak(list.into_boxed_slice()).as_ptr())
 }
 
 unsafe extern "C" fn load_hook_trampoline(
@@ -140,7 +185,10 @@ unsafe extern "C" fn load_hook_trampoline(
             ffi::COMMON_LOAD_HOOK_DEFAULT
         }
         Ok(Ok(LoadDecision::Placed)) => {
-            model_params.write_c_placed(mp);
+            if let Err(message) = model_params.write_c_placed(mp) {
+                tracing::error!("{}: {message}", req.model.display());
+                return ffi::COMMON_LOAD_HOOK_ERROR;
+            }
             // The context's callbacks live as long as the process: upstream
             // owns the context and may free and recreate it.
             let callbacks = context.write_c(cp);

@@ -11,6 +11,7 @@
 //!                                                   └─► load ─► Session::verify_loaded
 //! ```
 
+pub mod across;
 mod check;
 mod decode;
 pub mod devices;
@@ -75,6 +76,8 @@ pub enum LaunchError {
         budget = fmt_bytes(*budget)
     )]
     OverBudget { what: String, used: u64, budget: u64 },
+    #[error("the loaded model is not placed as planned: {0}")]
+    Placement(String),
 }
 
 /// What to plan for, beside the model and context parameters.
@@ -114,11 +117,23 @@ impl<'a> LaunchRequest<'a> {
         threads: i32,
         workload: Workload,
     ) -> Result<Self, LaunchError> {
+        Self::with_budget(model, options, threads, workload, options.budget_bytes()?)
+    }
+
+    /// A request for `model` with `options` and `budget` (None for a plan
+    /// across devices, whose budgets are each device's).
+    pub fn with_budget(
+        model: &'a Path,
+        options: &'a PipeshardOptions,
+        threads: i32,
+        workload: Workload,
+        budget: Option<u64>,
+    ) -> Result<Self, LaunchError> {
         options.check()?;
         Ok(LaunchRequest {
             model,
             options,
-            budget: options.budget_bytes()?,
+            budget,
             threads,
             workload,
             ubatch: None,

@@ -17,7 +17,8 @@ pub struct PipeshardOptions {
     /// 4GiB or 2048MiB; `auto` takes what is free on the card now, minus
     /// a margin. `bench` takes a comma-separated list. One budget per
     /// device: `CUDA0=10GiB,CUDA1=6GiB` (ggml's device names; a device not
-    /// listed is not used).
+    /// listed is not used): `run`, `plan` and the server split the layers
+    /// across them in the order given (llama.cpp's `-sm layer`).
     #[arg(long = "vram-budget", env = "PIPESHARD_VRAM_BUDGET", value_parser = check_budgets)]
     pub vram_budget: Option<String>,
     /// With `--vram-budget auto`: device memory left free for other
@@ -246,7 +247,7 @@ impl PipeshardOptions {
             return match devices.as_slice() {
                 [one] if Some(one.index) == first => Ok(Some(one.bytes)),
                 _ => Err(LaunchError::Options(format!(
-                    "--vram-budget {}: this command runs on one device, the first GPU; a plan across devices is `pipeshard plan`'s so far",
+                    "--vram-budget {}: this command runs on one device, the first GPU; `pipeshard run` and `pipeshard plan` take budgets across devices",
                     self.vram_budget.as_deref().unwrap_or_default()
                 ))),
             };

@@ -17,6 +17,8 @@ pub enum ApplyError {
         "the plan keeps weights in VRAM but no GPU backend is loaded (is libggml-cuda.so in the backend directory?)"
     )]
     NoGpu,
+    #[error("placing the plan across devices: {0}")]
+    Devices(String),
 }
 
 /// What the engine needs to run a plan.
@@ -88,13 +90,17 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
         .map(|t| (t.name.clone(), if t.resident { Some(gpu) } else { host_buft }))
         .collect();
     let placement: TensorPlacement = Arc::new(move |name: &str| homes.get(name).copied().flatten());
+    Ok(apply_with(plan, placement))
+}
 
+/// The settings of `plan` with the weights placed by `placement`.
+pub(super) fn apply_with(plan: &Plan, placement: TensorPlacement) -> Applied {
     let Policies {
         offload,
         moe_split,
         row_split,
     } = policies(plan);
-    Ok(Applied {
+    Applied {
         placement,
         offload,
         // With every layer's KV on the GPU, offload the output layer too
@@ -113,7 +119,7 @@ pub fn apply(plan: &Plan) -> Result<Applied, ApplyError> {
         row_split,
         row_split_part_bytes: plan.row_split_part_bytes(),
         outputs_per_seq: plan.workload.speculation.map_or(1, |s| s.verify_tokens()),
-    })
+    }
 }
 
 /// The per-op decisions of a plan that the running context asks for each

@@ -5,12 +5,14 @@
 //!
 //! Each device's layers are planned as today's one-device plan, against that
 //! device's budget, profile and link: its resident weights in its memory,
-//! its host weights streamed over its own link or computed on the CPU. The
-//! devices run one after the other, so the prediction sums theirs. llama.cpp
-//! runs the devices of a layer split in parallel (pipeline copies,
-//! `GGML_SCHED_MAX_COPIES`) only without tensor overrides, which every plan
-//! with host weights has: the plan assumes one scheduler copy, so nothing
-//! overlaps between the devices.
+//! its host weights streamed over its link or computed on the CPU. Only the
+//! first device streams: llama.cpp's scheduler takes an op on a host weight
+//! to the first device of a split, so the later devices' host weights are
+//! planned (and run) on the CPU. The devices run one after the other, so
+//! the prediction sums theirs. llama.cpp runs the devices of a layer split
+//! in parallel (pipeline copies, `GGML_SCHED_MAX_COPIES`) only without
+//! tensor overrides, which every plan with host weights has: the plan
+//! assumes one scheduler copy, so nothing overlaps between the devices.
 
 use std::collections::HashMap;
 
@@ -288,17 +290,20 @@ fn plan_part(
     // llama.cpp makes only the model's first layers CPU layers (its
     // n_gpu_layers counts from the last): the first device's plan may keep
     // its first layers' KV in host memory, every later device keeps all of
-    // its layers' KV.
+    // its layers' KV. The decode tier's swap of residency between a prompt
+    // and its decoding is a one-device session's, which a split has not got.
     let req = PlanRequest {
         budget: dev.budget,
         kv_gpu_layers: if d == 0 { req.kv_gpu_layers } else { Some(end - first) },
+        decode_tier: false,
         ..req.clone()
     };
+    let profile = part_profile(dev.profile, d);
     let mut plan = slot_candidates(req.stream_slots)
         .filter_map(|stream_slots| {
             make_plan(
                 &sub,
-                dev.profile,
+                &profile,
                 &PlanRequest {
                     stream_slots,
                     ..req.clone()
@@ -307,7 +312,7 @@ fn plan_part(
             .ok()
         })
         .min_by(|a, b| a.predicted_seconds().total_cmp(&b.predicted_seconds()))
-        .map_or_else(|| make_plan(&sub, dev.profile, &req), Ok)
+        .map_or_else(|| make_plan(&sub, &profile, &req), Ok)
         .map_err(|e| format!("{} (layers {first}-{}): {e}", dev.device, end - 1))?;
     for t in &mut plan.tensors {
         t.layer = t.layer.map(|l| l + first);
@@ -318,6 +323,19 @@ fn plan_part(
         first_layer: first,
         plan,
     })
+}
+
+/// The profile device `d` of a split is planned with. llama.cpp's
+/// scheduler offloads an op on a host weight to the first device of a
+/// split only, so a later device's host weights are computed on the CPU,
+/// next to them: its plan sees no bandwidth to stream them with.
+fn part_profile(profile: &MachineProfile, d: usize) -> MachineProfile {
+    let mut p = profile.clone();
+    if let (1.., Some(link)) = (d, p.link.as_mut()) {
+        link.h2d_pinned = 0.0;
+        link.h2d_pageable = 0.0;
+    }
+    p
 }
 
 fn model_name(model: &ModelInfo) -> String {
@@ -366,6 +384,7 @@ pub fn layer_slice(model: &ModelInfo, first: u32, end: u32, input: bool, output:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::Exec;
     use pipeshard_devtools::synth::{model_info, Quant};
 
     #[test]
@@ -433,6 +452,38 @@ mod tests {
                 }
             }
             assert_eq!(llama_device(&split, m.n_layer, m.n_layer), Some(plan.parts.len() - 1));
+        }
+    }
+
+    #[test]
+    fn only_the_first_device_streams_host_weights() {
+        let m = model_info("llama3.1-8b", Quant::Q4_0).unwrap();
+        let p = crate::profile::MachineProfile::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpu-machine-profile.yaml"),
+        )
+        .unwrap();
+        let share = |device: &str, gib: u64| DeviceShare {
+            device: device.into(),
+            budget: gib << 30,
+            profile: &p,
+        };
+        let mut req = PlanRequest::new(0, 4096);
+        req.ubatch = Some(512);
+        let streamed = |part: &DevicePart| {
+            part.plan
+                .tensors
+                .iter()
+                .filter(|t| !t.resident && t.exec.iter().any(|(_, e)| *e == Exec::Stream))
+                .count()
+        };
+        for (a, b) in [(1, 1), (2, 2), (1, 3), (3, 1)] {
+            let plan = make_devices_plan(&m, &[share("A", a), share("B", b)], &req).unwrap();
+            // The model does not fit: the first device streams.
+            assert!(streamed(&plan.parts[0]) > 0, "{a}+{b} GiB");
+            assert_eq!(streamed(&plan.parts[1]), 0, "{a}+{b} GiB");
+            // No part swaps residency after the prompt: that is a
+            // one-device session's.
+            assert!(plan.parts.iter().all(|p| p.plan.decode_tier.is_none()), "{a}+{b} GiB");
         }
     }
 

@@ -14,6 +14,7 @@
 //! byte according to the [`cost`] model.
 
 pub mod apply;
+pub mod apply_devices;
 pub mod cost;
 mod decode_tier;
 pub mod devices;

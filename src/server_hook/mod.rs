@@ -15,6 +15,7 @@
 //! [`crate::launch::Session`] among it) through the `user_data` of its C
 //! callback: nothing here is process-wide.
 
+mod across;
 mod options;
 mod plan;
 mod report;

@@ -36,6 +36,17 @@ impl ServerState {
     ) -> Result<LoadDecision, ServeError> {
         match req.role {
             LoadRole::Target => {
+                let across =
+                    launch::across::budgets_across(&self.opts.pipeshard).map_err(|source| ServeError::Plan {
+                        model: req.model.clone(),
+                        source,
+                    })?;
+                if let Some(budgets) = across {
+                    let launched = self.place_across(req, mp, cp, budgets)?;
+                    self.reports.install_across(launched);
+                    *self.session.lock().map_err(|_| ServeError::Poisoned)? = None;
+                    return Ok(LoadDecision::Placed);
+                }
                 // For benchmarks only (`--bench-routing`): the same seed as
                 // `pipeshard bench`'s, a process per slot and request.
                 cp.moe_route = self
@@ -213,7 +224,7 @@ impl ServerState {
 /// ubatch, so that the plan prices that ubatch as a tier of its own
 /// (`n_seq_max` tokens) beside the prompt's and a lone slot's. Without it a
 /// 4-token ubatch took the prompt tier's decisions and was never priced.
-fn slots_workload(cp: &ContextParams) -> Workload {
+pub(super) fn slots_workload(cp: &ContextParams) -> Workload {
     Workload {
         parallel: cp.n_seq_max.max(1),
         ..Workload::default()

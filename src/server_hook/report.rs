@@ -8,8 +8,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::json;
 
+use super::across::{device_metrics, props_plan};
 use super::plan::Installed;
 use crate::engine;
+use crate::launch::across::AcrossLaunch;
 use crate::launch::live::Follower;
 use crate::plan::Plan;
 
@@ -22,6 +24,8 @@ pub struct Reports {
     /// resolves when the model loads).
     budget: Option<u64>,
     installed: Mutex<Option<Installed>>,
+    /// The plan across devices installed at the last target-model load.
+    across: Mutex<Option<AcrossLaunch>>,
     follower: Mutex<Option<Arc<Follower>>>,
     /// Tokens of the last ubatch the scheduler placed under the plan.
     last_ubatch_tokens: AtomicU64,
@@ -63,6 +67,14 @@ impl Reports {
     pub(super) fn install(&self, installed: Installed, follower: Option<Arc<Follower>>) {
         *lock(&self.installed) = Some(installed);
         *lock(&self.follower) = follower;
+        *lock(&self.across) = None;
+    }
+
+    /// A target model's plan across devices is installed.
+    pub(super) fn install_across(&self, launched: AcrossLaunch) {
+        *lock(&self.installed) = None;
+        *lock(&self.follower) = None;
+        *lock(&self.across) = Some(launched);
     }
 
     /// Another `plan`, made for `budget`, is in force (a tuned split, a
@@ -97,6 +109,10 @@ impl Reports {
     /// The `pipeshard` field of `/props`: the budget and a summary of the
     /// plan (null without one, e.g. without a GPU).
     pub fn props_json(&self) -> String {
+        if let Some(l) = lock(&self.across).as_ref() {
+            let total: u64 = l.budgets.iter().map(|b| b.bytes).sum();
+            return json!({"vram_budget": total, "plan": props_plan(l)}).to_string();
+        }
         let Some(i) = self.installed() else {
             return json!({"vram_budget": self.budget, "plan": null}).to_string();
         };
@@ -138,6 +154,12 @@ impl Reports {
         let peak = lock(&self.sampler)
             .as_ref()
             .map_or(0, |s| s.device_peak().load(Relaxed));
+        // A plan across devices: its budgets' and resident weights' sums.
+        let across = lock(&self.across).as_ref().map(|l| {
+            let budget: u64 = l.budgets.iter().map(|b| b.bytes).sum();
+            let resident: u64 = l.plan.parts.iter().map(|p| p.plan.resident_bytes()).sum();
+            (budget, resident)
+        });
         let rows: [(&str, &str, u64); 6] = [
             (
                 "pipeshard_vram_budget_bytes",
@@ -145,6 +167,7 @@ impl Reports {
                 live.as_ref()
                     .map(|s| s.budget)
                     .or_else(|| i.as_ref().map_or(self.budget, |i| i.budget))
+                    .or(across.map(|(b, _)| b))
                     .unwrap_or(0),
             ),
             (
@@ -159,8 +182,8 @@ impl Reports {
             ),
             (
                 "pipeshard_plan_resident_bytes",
-                "Weight bytes the plan keeps in VRAM (0 without a plan).",
-                plan.map_or(0, |p| p.resident_bytes()),
+                "Weight bytes the plan keeps in VRAM (across devices, on all of them; 0 without a plan).",
+                plan.map_or(across.map_or(0, |(_, r)| r), |p| p.resident_bytes()),
             ),
             (
                 "pipeshard_plan_tier",
@@ -186,6 +209,9 @@ impl Reports {
         );
         if let Some(live) = &live {
             out.push_str(&live_metrics(live));
+        }
+        if let Some(l) = lock(&self.across).as_ref() {
+            out.push_str(&device_metrics(l));
         }
         metric(
             &mut out,
