@@ -63,9 +63,10 @@ impl std::fmt::Display for DecodeEntry {
     }
 }
 
-/// The split setting `plan` is at, if it splits.
+/// The split setting `plan` is at, if it splits (hybrid layers at 0
+/// experts on the GPU: the tuner's choice of the CPU for all of them).
 fn split_setting(plan: &Plan) -> Option<SplitSetting> {
-    if plan.hybrid_gpu_experts > 0 {
+    if plan.hybrid_gpu_experts > 0 || plan.has_hybrid_layers() {
         Some(SplitSetting::Experts(plan.hybrid_gpu_experts))
     } else if plan.row_split_share > 0.0 && plan.row_split_down_whole {
         Some(SplitSetting::RowsDownWhole(plan.row_split_share))

@@ -19,13 +19,14 @@ use std::time::{Duration, Instant};
 
 use super::{LaunchError, Session};
 use crate::engine::{Context, ContextRef, Token};
-use crate::plan::{set_row_split, Exec, Plan, RowSplit};
+use crate::plan::{set_row_split, Plan, RowSplit};
 
 /// The knob a plan's decode split turns.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SplitKnob {
     /// Hybrid experts: how many of each token's routed experts the GPU
-    /// computes (1 to `n_expert_used - 1`).
+    /// computes (0 to `n_expert_used - 1`; at 0 the CPU computes them all,
+    /// the graph's own path).
     Experts { start: u32, max: u32 },
     /// Dense row split: the GPU's share of each host feed-forward weight's
     /// rows, in units of [`ROW_SHARE_UNIT`] from the plan's.
@@ -124,11 +125,7 @@ impl SplitKnob {
         if forced || plan.exact {
             return None;
         }
-        let hybrid = plan
-            .tensors
-            .iter()
-            .any(|t| !t.resident && t.exec.iter().any(|&(_, e)| e == Exec::Hybrid));
-        if hybrid && plan.hybrid_gpu_experts > 0 && n_expert_used >= 3 {
+        if plan.has_hybrid_layers() && plan.hybrid_gpu_experts > 0 && n_expert_used >= 3 {
             return Some(SplitKnob::Experts {
                 start: plan.hybrid_gpu_experts,
                 max: n_expert_used - 1,
@@ -156,7 +153,7 @@ impl SplitKnob {
 
     /// The setting `offset` units from the plan's (an expert, or
     /// [`ROW_SHARE_UNIT`] of the rows): the plan's own at 0
-    /// ([`SplitKnob::planned`]), others if within the knob's range: 1 to
+    /// ([`SplitKnob::planned`]), others if within the knob's range: 0 to
     /// `max` experts, a row share from 5% to 95%. Offsets from
     /// [`WHOLE_BASE`] up are row shares with ffn_down streamed whole, from
     /// 2.5% ([`WHOLE_SHARE_MIN`]) to 95%.
@@ -168,7 +165,7 @@ impl SplitKnob {
         match *self {
             SplitKnob::Experts { start, max } => {
                 let k = start as i64 + offset as i64;
-                (offset < WHOLE_BASE && (1..=max as i64).contains(&k)).then_some(SplitSetting::Experts(k as u32))
+                (offset < WHOLE_BASE && (0..=max as i64).contains(&k)).then_some(SplitSetting::Experts(k as u32))
             }
             SplitKnob::Rows { .. } if offset >= WHOLE_BASE => {
                 let s = (offset - WHOLE_BASE) as f64 * ROW_SHARE_UNIT;
@@ -274,7 +271,7 @@ impl ShareSearch {
         match knob {
             SplitKnob::Experts { max, .. } => ShareSearch {
                 every: true,
-                ..ShareSearch::with_limits(knob, max as usize, 0.02)
+                ..ShareSearch::with_limits(knob, max as usize + 1, 0.02)
             },
             SplitKnob::Rows { .. } | SplitKnob::RowsDownWhole { .. } => ShareSearch::with_limits(knob, 12, 0.02),
         }
@@ -897,14 +894,14 @@ mod tests {
         let mut s = ShareSearch::new(R2);
         let order = run(&mut s, experts(&host1));
         // Every setting, nearest first.
-        assert_eq!(order, [5, 6, 4, 7, 3, 2, 1].map(SplitSetting::Experts));
+        assert_eq!(order, [5, 6, 4, 7, 3, 2, 1, 0].map(SplitSetting::Experts));
         assert_eq!(s.best(), SplitSetting::Experts(4));
 
         let host2 = [(3, 23.4), (4, 22.4), (5, 19.6), (6, 21.0), (7, 23.3)];
         let mut s = ShareSearch::new(R2);
         run(&mut s, experts(&host2));
         assert_eq!(s.best(), SplitSetting::Experts(5));
-        assert_eq!(s.measured().len(), 7);
+        assert_eq!(s.measured().len(), 8);
 
         // A climb from 5 on host 1 goes on below 4, not above 5.
         let mut s = ShareSearch::with_limits(R2, 5, 0.02);
@@ -943,8 +940,8 @@ mod tests {
 
     #[test]
     fn the_climb_follows_a_slope_within_its_probes_and_range() {
-        // Faster with every expert fewer on the GPU: it walks down to the
-        // range's end, 1 expert, not 0.
+        // Faster with every expert fewer on the GPU: it walks down towards
+        // the range's end, 0 experts (the CPU computes them all).
         let slope = [
             (1, 15.0),
             (2, 16.0),
@@ -968,11 +965,25 @@ mod tests {
         let mut s = ShareSearch::with_limits(top, 5, 0.02);
         let order = run(&mut s, experts(&slope));
         assert_eq!(order[..2], [SplitSetting::Experts(7), SplitSetting::Experts(6)]);
-        // Every setting from the top: the range's 7, down to 1.
+        // Every setting from the top: the range's 7, down to 0.
         let mut s = ShareSearch::new(top);
         let order = run(&mut s, experts(&slope));
-        assert_eq!(order, [7, 6, 5, 4, 3, 2, 1].map(SplitSetting::Experts));
+        assert_eq!(order, [7, 6, 5, 4, 3, 2, 1, 0].map(SplitSetting::Experts));
         assert_eq!(s.best(), SplitSetting::Experts(1));
+    }
+
+    #[test]
+    fn the_cpu_computing_every_expert_is_timed_and_kept_where_fastest() {
+        // R3 (gpt-oss-20b, MXFP4, 4 GiB) on one H200 host (calls
+        // 2026-11-29-g and -h): the plan's 3 of 4 experts on the GPU and
+        // the settings below it took 34.9-37.6 ms per step, every host
+        // expert on the CPU (--hybrid-experts 0) 27.9 ms.
+        let r3 = SplitKnob::Experts { start: 3, max: 3 };
+        let host = [(0, 27.9), (1, 37.6), (2, 37.3), (3, 34.9)];
+        let mut s = ShareSearch::new(r3);
+        let order = run(&mut s, experts(&host));
+        assert_eq!(order, [3, 2, 1, 0].map(SplitSetting::Experts));
+        assert_eq!(s.best(), SplitSetting::Experts(0));
     }
 
     #[test]

@@ -416,6 +416,15 @@ impl Plan {
         self.tensors.iter().filter(|t| t.resident).map(|t| t.vram_bytes).sum()
     }
 
+    /// Whether some host weight runs [`Exec::Hybrid`] in some tier: the
+    /// layers whose experts [`Plan::hybrid_gpu_experts`] splits (0 once a
+    /// tuner found the CPU computing them all fastest).
+    pub fn has_hybrid_layers(&self) -> bool {
+        self.tensors
+            .iter()
+            .any(|t| !t.resident && t.exec.iter().any(|&(_, e)| e == Exec::Hybrid))
+    }
+
     /// Bytes of host weights (pinned when the plan is).
     pub fn host_bytes(&self) -> u64 {
         self.tensors.iter().filter(|t| !t.resident).map(|t| t.bytes).sum()
