@@ -6,6 +6,7 @@
 //! one for the current machine. Rates are looked up by the nearest measured
 //! batch size and scaled by work ([`MachineProfile::matmul_seconds`]).
 
+mod consistency;
 mod devices;
 mod measure;
 mod types_used;
@@ -185,8 +186,17 @@ impl MachineProfile {
             path: path.to_path_buf(),
             source,
         })?;
-        profile.make_monotone();
+        profile.make_consistent();
         Ok(profile)
+    }
+
+    /// Repairs what a slowed host left in the samples: expert samples
+    /// inconsistent across the experts used, with a warning
+    /// ([`consistency::consistent_expert_seconds`] has the rule), then each
+    /// series across batch sizes ([`Self::make_monotone`]).
+    pub fn make_consistent(&mut self) {
+        consistency::repair(&mut self.matmul);
+        self.make_monotone();
     }
 
     /// Makes every matmul series non-decreasing in tokens: more columns
@@ -684,6 +694,42 @@ mod tests {
         let (r1, r16) = (122e-6 / touched(1.0), 1.647e-3 / touched(16.0));
         let r4 = (r1.ln() * 0.5 + r16.ln() * 0.5).exp();
         assert!((t(4) - r4 * touched(4.0)).abs() < 1e-9, "{}", t(4));
+    }
+
+    #[test]
+    fn a_loaded_profile_with_an_expert_outlier_is_repaired() {
+        let expert = |ty: &str, used: i64, seconds: f64| MatmulSample {
+            experts: Some((128, used)),
+            ..sample(Device::Cpu, ty, 1, seconds)
+        };
+        let mut p = profile();
+        // The H200 host's first-use samples: q4_K's 4 experts and q6_K's 8 were slowed.
+        p.matmul.extend([
+            expert("q4_K", 4, 10100.8e-6),
+            expert("q4_K", 8, 150.5e-6),
+            expert("q6_K", 4, 93.0e-6),
+            expert("q6_K", 8, 2964.5e-6),
+        ]);
+        let dir = std::env::temp_dir().join(format!("pipeshard-outlier-{}", std::process::id()));
+        let path = dir.join(p.key.file_name());
+        p.save(&path).unwrap();
+        let p = MachineProfile::load(&path).unwrap();
+        let t = |ty, used| p.expert_seconds(Device::Cpu, ty, 1024, 1024, (128, used), 1);
+        assert!(
+            (t(GgmlType::Q4_K, 4) - 150.5e-6).abs() < 1e-9,
+            "{}",
+            t(GgmlType::Q4_K, 4)
+        );
+        assert!(
+            (t(GgmlType::Q6_K, 8) - 186.0e-6).abs() < 1e-9,
+            "{}",
+            t(GgmlType::Q6_K, 8)
+        );
+        assert!(
+            (t(GgmlType::Q6_K, 4) - 93.0e-6).abs() < 1e-9,
+            "{}",
+            t(GgmlType::Q6_K, 4)
+        );
     }
 
     #[test]
