@@ -389,7 +389,7 @@ fn a_run_across_devices_refuses_what_it_cannot_place_with_exit_code_1() {
     let server = RpcServer::start();
     let dir = common::scratch_dir("devices-across-bad");
     let profile = devices_profile(&dir, &["RPC0"]);
-    let run = |budget: &str, rpc: &str| {
+    let run_on = |budget: &str, rpc: &str, profile: &str| {
         pipeshard(&[
             "run",
             "-m",
@@ -403,9 +403,10 @@ fn a_run_across_devices_refuses_what_it_cannot_place_with_exit_code_1() {
             "--vram-budget",
             budget,
             "--profile",
-            &profile,
+            profile,
         ])
     };
+    let run = |budget: &str, rpc: &str| run_on(budget, rpc, &profile);
     // A second device that is not there.
     assert_clean_failure(&run("RPC0=600MiB,RPC1=600MiB", &server.endpoint), "no device RPC1");
     // A device the profile does not describe.
@@ -417,21 +418,7 @@ fn a_run_across_devices_refuses_what_it_cannot_place_with_exit_code_1() {
     );
     // A budget too small for the layers the device is given.
     let both = devices_profile(&dir.join("both"), &["RPC0", "RPC1"]);
-    let out = pipeshard(&[
-        "run",
-        "-m",
-        &m,
-        "-n",
-        "1",
-        "-t",
-        "2",
-        "--rpc",
-        &two,
-        "--vram-budget",
-        "RPC0=10MiB,RPC1=600MiB",
-        "--profile",
-        &both,
-    ]);
+    let out = run_on("RPC0=10MiB,RPC1=600MiB", &two, &both);
     assert_clean_failure(&out, "RPC0 (layers 0-");
     // A server that went away.
     let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -426,13 +426,17 @@ mod tests {
         Some(cum.iter().position(|&c| c > x).unwrap_or(cum.len()))
     }
 
+    fn gpu_machine_profile() -> crate::profile::MachineProfile {
+        crate::profile::MachineProfile::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpu-machine-profile.yaml"),
+        )
+        .unwrap()
+    }
+
     #[test]
     fn llamas_layer_split_puts_every_layer_where_the_plan_does() {
         let m = model_info("llama3.1-8b", Quant::Q4_0).unwrap();
-        let p = crate::profile::MachineProfile::load(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpu-machine-profile.yaml"),
-        )
-        .unwrap();
+        let p = gpu_machine_profile();
         let share = |device: &str, budget| DeviceShare {
             device: device.into(),
             budget,
@@ -458,10 +462,7 @@ mod tests {
     #[test]
     fn only_the_first_device_streams_host_weights() {
         let m = model_info("llama3.1-8b", Quant::Q4_0).unwrap();
-        let p = crate::profile::MachineProfile::load(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpu-machine-profile.yaml"),
-        )
-        .unwrap();
+        let p = gpu_machine_profile();
         let share = |device: &str, gib: u64| DeviceShare {
             device: device.into(),
             budget: gib << 30,
@@ -490,10 +491,7 @@ mod tests {
     #[test]
     fn proportional_bounds_follow_the_budgets_and_leave_each_device_a_layer() {
         let m = model_info("llama3.1-8b", Quant::Q4_0).unwrap();
-        let p = crate::profile::MachineProfile::load(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpu-machine-profile.yaml"),
-        )
-        .unwrap();
+        let p = gpu_machine_profile();
         let share = |budget| DeviceShare {
             device: "GPU".into(),
             budget,
