@@ -51,6 +51,18 @@ fn scheduler_edits_of_ggml_backend_stay_a_narrow_seam() {
 }
 
 #[test]
+fn no_upstream_function_is_edited_by_two_series() {
+    let stdout = patches_py("stats");
+    let shared = stdout
+        .lines()
+        .find_map(|l| l.split_once(" upstream functions edited, "))
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or_else(|| panic!("no count of shared functions in:\n{stdout}"));
+    assert_eq!(shared, 0, "upstream functions edited by more than one series:\n{stdout}");
+}
+
+#[test]
 fn no_scheduler_switch_but_the_timing_log() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("patches");
     let mut switches = Vec::new();
