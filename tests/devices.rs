@@ -293,6 +293,15 @@ fn devices_profile(dir: &Path, devices: &[&str]) -> String {
     path.to_string_lossy().into_owned()
 }
 
+/// Two `ggml-rpc-server`s, and a devices profile naming them RPC0 and RPC1
+/// in the scratch directory `name` (the directory and the profile's path).
+fn two_rpc_devices(name: &str) -> ([RpcServer; 2], PathBuf, String) {
+    let servers = [RpcServer::start(), RpcServer::start()];
+    let dir = common::scratch_dir(name);
+    let profile = devices_profile(&dir, &["RPC0", "RPC1"]);
+    (servers, dir, profile)
+}
+
 /// Each `loaded:` line of a run across devices: (device, first layer, last
 /// layer, weights resident as planned).
 fn loaded_parts(log: &str) -> Vec<(String, u32, u32, u32)> {
@@ -327,9 +336,7 @@ fn model_mib_at(log: &str, endpoint: &str) -> f64 {
 #[test]
 fn a_plan_across_two_rpc_devices_runs_with_the_local_greedy_tokens() {
     let m = model();
-    let (a, b) = (RpcServer::start(), RpcServer::start());
-    let dir = common::scratch_dir("devices-across");
-    let profile = devices_profile(&dir, &["RPC0", "RPC1"]);
+    let ([a, b], dir, profile) = two_rpc_devices("devices-across");
     let rpc = format!("{},{}", a.endpoint, b.endpoint);
     let (local, _) = greedy_run(&m, &[]);
     // Every weight resident, split between the two; then the first
@@ -433,9 +440,7 @@ fn a_run_across_devices_refuses_what_it_cannot_place_with_exit_code_1() {
 #[test]
 fn the_server_runs_a_plan_across_two_rpc_devices_and_reports_each() {
     let m = model();
-    let (a, b) = (RpcServer::start(), RpcServer::start());
-    let dir = common::scratch_dir("devices-server");
-    let profile = devices_profile(&dir, &["RPC0", "RPC1"]);
+    let ([a, b], dir, profile) = two_rpc_devices("devices-server");
     let (local, _) = greedy_run(&m, &[]);
     let port = common::server::free_port();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pipeshard-server"));
