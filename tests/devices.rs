@@ -37,11 +37,7 @@ fn a_device_that_does_not_exist_fails_with_exit_code_1() {
     let run = pipeshard(&["run", "-m", &m, "-n", "1", "-t", "2", "--vram-budget", "CPU=1GiB"]);
     assert_clean_failure(&run, "the CPU takes no VRAM budget");
     // The server resolves them when the model loads, and exits.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-        .to_string();
+    let port = common::server::free_port().to_string();
     let server = Command::new(env!("CARGO_BIN_EXE_pipeshard-server"))
         .args(["-m", &m, "--port", &port, "--vram-budget", "CUDA7=1GiB"])
         .output()
@@ -107,10 +103,7 @@ struct RpcServer {
 
 impl RpcServer {
     fn start() -> RpcServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = common::server::free_port();
         let child = Command::new(rpc_server_binary())
             .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-t", "2"])
             .stdout(Stdio::null())
@@ -172,10 +165,7 @@ fn a_device_behind_rpc_server_gives_the_local_greedy_tokens() {
 
 #[test]
 fn an_rpc_server_that_does_not_answer_fails_with_exit_code_1() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = common::server::free_port();
     let out = pipeshard(&["run", "-m", &model(), "-n", "1", "--rpc", &format!("127.0.0.1:{port}")]);
     assert_clean_failure(&out, "no connection");
 }
@@ -428,10 +418,7 @@ fn a_run_across_devices_refuses_what_it_cannot_place_with_exit_code_1() {
     let out = run_on("RPC0=10MiB,RPC1=600MiB", &two, &both);
     assert_clean_failure(&out, "RPC0 (layers 0-");
     // A server that went away.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = common::server::free_port();
     let down = format!("{},127.0.0.1:{port}", server.endpoint);
     assert_clean_failure(&run("RPC0=600MiB,RPC1=600MiB", &down), "no connection");
     let _ = std::fs::remove_dir_all(&dir);
