@@ -37,11 +37,7 @@ fn a_device_that_does_not_exist_fails_with_exit_code_1() {
     let run = pipeshard(&["run", "-m", &m, "-n", "1", "-t", "2", "--vram-budget", "CPU=1GiB"]);
     assert_clean_failure(&run, "the CPU takes no VRAM budget");
     // The server resolves them when the model loads, and exits.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-        .to_string();
+    let port = common::server::free_port().to_string();
     let server = Command::new(env!("CARGO_BIN_EXE_pipeshard-server"))
         .args(["-m", &m, "--port", &port, "--vram-budget", "CUDA7=1GiB"])
         .output()
@@ -107,10 +103,7 @@ struct RpcServer {
 
 impl RpcServer {
     fn start() -> RpcServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = common::server::free_port();
         let child = Command::new(rpc_server_binary())
             .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-t", "2"])
             .stdout(Stdio::null())
@@ -172,10 +165,7 @@ fn a_device_behind_rpc_server_gives_the_local_greedy_tokens() {
 
 #[test]
 fn an_rpc_server_that_does_not_answer_fails_with_exit_code_1() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = common::server::free_port();
     let out = pipeshard(&["run", "-m", &model(), "-n", "1", "--rpc", &format!("127.0.0.1:{port}")]);
     assert_clean_failure(&out, "no connection");
 }
@@ -293,6 +283,15 @@ fn devices_profile(dir: &Path, devices: &[&str]) -> String {
     path.to_string_lossy().into_owned()
 }
 
+/// Two `ggml-rpc-server`s, and a devices profile naming them RPC0 and RPC1
+/// in the scratch directory `name` (the directory and the profile's path).
+fn two_rpc_devices(name: &str) -> ([RpcServer; 2], PathBuf, String) {
+    let servers = [RpcServer::start(), RpcServer::start()];
+    let dir = common::scratch_dir(name);
+    let profile = devices_profile(&dir, &["RPC0", "RPC1"]);
+    (servers, dir, profile)
+}
+
 /// Each `loaded:` line of a run across devices: (device, first layer, last
 /// layer, weights resident as planned).
 fn loaded_parts(log: &str) -> Vec<(String, u32, u32, u32)> {
@@ -327,9 +326,7 @@ fn model_mib_at(log: &str, endpoint: &str) -> f64 {
 #[test]
 fn a_plan_across_two_rpc_devices_runs_with_the_local_greedy_tokens() {
     let m = model();
-    let (a, b) = (RpcServer::start(), RpcServer::start());
-    let dir = common::scratch_dir("devices-across");
-    let profile = devices_profile(&dir, &["RPC0", "RPC1"]);
+    let ([a, b], dir, profile) = two_rpc_devices("devices-across");
     let rpc = format!("{},{}", a.endpoint, b.endpoint);
     let (local, _) = greedy_run(&m, &[]);
     // Every weight resident, split between the two; then the first
@@ -421,10 +418,7 @@ fn a_run_across_devices_refuses_what_it_cannot_place_with_exit_code_1() {
     let out = run_on("RPC0=10MiB,RPC1=600MiB", &two, &both);
     assert_clean_failure(&out, "RPC0 (layers 0-");
     // A server that went away.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = common::server::free_port();
     let down = format!("{},127.0.0.1:{port}", server.endpoint);
     assert_clean_failure(&run("RPC0=600MiB,RPC1=600MiB", &down), "no connection");
     let _ = std::fs::remove_dir_all(&dir);
@@ -433,9 +427,7 @@ fn a_run_across_devices_refuses_what_it_cannot_place_with_exit_code_1() {
 #[test]
 fn the_server_runs_a_plan_across_two_rpc_devices_and_reports_each() {
     let m = model();
-    let (a, b) = (RpcServer::start(), RpcServer::start());
-    let dir = common::scratch_dir("devices-server");
-    let profile = devices_profile(&dir, &["RPC0", "RPC1"]);
+    let ([a, b], dir, profile) = two_rpc_devices("devices-server");
     let (local, _) = greedy_run(&m, &[]);
     let port = common::server::free_port();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pipeshard-server"));

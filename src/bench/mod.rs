@@ -344,7 +344,7 @@ pub fn run_policy(
         }
     };
     step("before load");
-    let sampler = engine::MemorySampler::start(gpu_index);
+    let sampler = engine::MemorySampler::start(gpu_index, Vec::new());
     let t_load = Instant::now();
     let model = Arc::new(Model::load(path, mp)?);
     let quant = crate::results::quant_from_description(&model.description());

@@ -159,7 +159,8 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
 
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     // The process's device memory, sampled until the end.
-    let sampler = engine::first_device(engine::DeviceKind::Gpu).map(|d| engine::MemorySampler::start(Some(d.index)));
+    let sampler =
+        engine::first_device(engine::DeviceKind::Gpu).map(|d| engine::MemorySampler::start(Some(d.index), Vec::new()));
     let mut model_params = ModelParams {
         n_gpu_layers: args.n_gpu_layers,
         ..Default::default()
@@ -466,7 +467,7 @@ pub fn run(global: &GlobalArgs, mut args: RunArgs) -> Result<()> {
     let s = &out.stats;
     let peak_device = sampler.map(|s| s.stop());
     let device_peaks = match (&across, device_peaks) {
-        (Some((_, l)), Some(p)) => l.peaks_and_budgets(p.stop()),
+        (Some((_, l)), Some(p)) => l.peaks_and_budgets(p.stop().cards),
         _ => Vec::new(),
     };
     if args.json {

@@ -3,13 +3,16 @@
 //!
 //! The device figure is the process's memory as NVML reports it (see
 //! [`super::nvml`]); without NVML it falls back to how much the first GPU's
-//! free memory dropped since sampling started, as ggml reports it.
+//! free memory dropped since sampling started, as ggml reports it. Cards
+//! named apart (see [`nvml_cards`]) each get a peak of their own: what a
+//! budget per device is held to.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::backend::Device;
 use super::nvml::{self, ProcessMemorySource};
 
 /// How a device-memory figure was measured.
@@ -86,8 +89,33 @@ pub fn heap_in_use() -> Option<u64> {
     }
 }
 
+/// A card whose share of the process's memory NVML reads: a ggml device
+/// NVML knows by its PCI bus id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Card {
+    /// ggml's name of the device (`CUDA0`).
+    pub name: String,
+    pci_bus_id: String,
+}
+
+/// Those of `devices` that NVML knows: a device without a PCI bus id, such
+/// as one behind ggml's RPC backend (another process's memory), is left out.
+pub fn nvml_cards(devices: &[Device]) -> Vec<Card> {
+    devices
+        .iter()
+        .filter_map(|d| {
+            let id = d.device_id.clone()?;
+            nvml::device_usage(&id)?;
+            Some(Card {
+                name: d.name.clone(),
+                pci_bus_id: id,
+            })
+        })
+        .collect()
+}
+
 /// The peaks a [`MemorySampler`] saw.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MemoryPeaks {
     /// Peak device memory of the process, bytes (0 without a GPU).
     pub device: u64,
@@ -97,6 +125,9 @@ pub struct MemoryPeaks {
     pub start: u64,
     /// Peak resident host memory, bytes.
     pub rss: u64,
+    /// Each sampled card's name and the process's peak there, bytes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cards: Vec<(String, u64)>,
 }
 
 impl MemoryPeaks {
@@ -106,37 +137,42 @@ impl MemoryPeaks {
     }
 }
 
-/// Polls the process's device memory and RSS in a background thread.
+/// Polls the process's device memory, its memory on each of some cards and
+/// its RSS in one background thread.
 pub struct MemorySampler {
     stop: Arc<AtomicBool>,
     device_peak: Arc<AtomicU64>,
     source: Option<MemorySource>,
     start: u64,
+    card_names: Vec<String>,
+    card_peaks: Arc<Vec<AtomicU64>>,
     handle: Option<JoinHandle<u64>>,
 }
 
 impl MemorySampler {
     /// Sample every 20 ms, as nvidia-smi's fastest loop does; `gpu` is the
     /// ggml device index for the fallback without NVML (None: no GPU, only
-    /// RSS). Faster polling can cost CPU-bound decode (a query preempts one
+    /// RSS and `cards`). Faster polling can cost CPU-bound decode (a query preempts one
     /// of the threads the CPU's matmuls wait for), and the device memory
     /// that matters only grows: pools and workspaces are kept, buffers are
     /// reserved up front. `PIPESHARD_MEMORY_SAMPLE_MS` sets another
     /// period in milliseconds (to measure what sampling costs).
-    pub fn start(gpu: Option<usize>) -> MemorySampler {
+    pub fn start(gpu: Option<usize>, cards: Vec<Card>) -> MemorySampler {
         let ms = std::env::var("PIPESHARD_MEMORY_SAMPLE_MS")
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
             .filter(|&ms| ms > 0)
             .unwrap_or(20);
-        Self::every(gpu, Duration::from_millis(ms))
+        Self::every(gpu, cards, Duration::from_millis(ms))
     }
 
     /// Sample every `period` (a long-running server polls less often).
-    pub fn every(gpu: Option<usize>, period: Duration) -> MemorySampler {
+    pub fn every(gpu: Option<usize>, cards: Vec<Card>, period: Duration) -> MemorySampler {
         let stop = Arc::new(AtomicBool::new(false));
         let device_peak = Arc::new(AtomicU64::new(0));
-        let (flag, peak) = (stop.clone(), device_peak.clone());
+        let card_peaks: Arc<Vec<AtomicU64>> = Arc::new(cards.iter().map(|_| AtomicU64::new(0)).collect());
+        let (flag, peak, per_card) = (stop.clone(), device_peak.clone(), card_peaks.clone());
+        let ids: Vec<String> = cards.iter().map(|c| c.pci_bus_id.clone()).collect();
         // NVML when it knows this process; otherwise the free memory's drop.
         let nvml_now = gpu.and_then(|_| process_device_bytes());
         let nvml_source = nvml_now.map(|(_, s)| s);
@@ -159,6 +195,11 @@ impl MemorySampler {
                 if let Some(b) = now {
                     peak.fetch_max(b, Ordering::Relaxed);
                 }
+                for (id, card_peak) in ids.iter().zip(per_card.iter()) {
+                    if let Some(u) = nvml::device_usage(id) {
+                        card_peak.fetch_max(u.own, Ordering::Relaxed);
+                    }
+                }
                 max_rss = max_rss.max(current_rss());
                 if flag.load(Ordering::Relaxed) {
                     break;
@@ -172,6 +213,8 @@ impl MemorySampler {
             device_peak,
             source,
             start,
+            card_names: cards.into_iter().map(|c| c.name).collect(),
+            card_peaks,
             handle: Some(handle),
         }
     }
@@ -195,6 +238,11 @@ impl MemorySampler {
             source: self.source,
             start: self.start,
             rss,
+            cards: std::mem::take(&mut self.card_names)
+                .into_iter()
+                .zip(self.card_peaks.iter())
+                .map(|(name, p)| (name, p.load(Ordering::Relaxed)))
+                .collect(),
         }
     }
 }
@@ -205,5 +253,21 @@ impl Drop for MemorySampler {
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `run --json`'s `peak_device_bytes` keeps its fields where no card is
+    /// sampled apart.
+    #[test]
+    fn peaks_without_cards_keep_their_fields() {
+        let peaks = MemorySampler::start(None, Vec::new()).stop();
+        assert!(peaks.rss > 0 && peaks.cards.is_empty(), "{peaks:?}");
+        let v = serde_json::to_value(&peaks).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys, ["device", "rss", "source", "start"]);
     }
 }

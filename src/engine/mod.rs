@@ -15,7 +15,6 @@ mod backend;
 mod borrowed_decode;
 mod context;
 mod cuda_limits;
-mod device_peaks;
 mod error;
 pub mod ffi;
 mod fit;
@@ -38,13 +37,14 @@ pub use backend::{
     Device, DeviceKind,
 };
 pub use context::{default_threads, BatchItem, Context, ContextParams, FlashAttention, Perf};
-pub use device_peaks::DevicePeaks;
 pub use error::{EngineError, Result};
 pub use fit::{fit_params, Fitted};
 pub use memory::{
     buffer_types, device_buffer_types, dry_run_device_bytes, weight_bytes_streamed, BufferType, MemoryBreakdown,
 };
-pub use memory_sampler::{current_rss, heap_in_use, process_device_bytes, MemoryPeaks, MemorySampler, MemorySource};
+pub use memory_sampler::{
+    current_rss, heap_in_use, nvml_cards, process_device_bytes, Card, MemoryPeaks, MemorySampler, MemorySource,
+};
 pub use migrate::{
     cancel_staged, commit_staged, migrate_weights, migrate_weights_to, move_weights, residence_buffer_types,
     stage_state, stage_weights, stage_weights_to, ContextRef, MigrationReport, Residence, StageState, WeightMove,

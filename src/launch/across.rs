@@ -202,12 +202,13 @@ impl AcrossLaunch {
 impl AcrossLaunch {
     /// Sample the process's memory on each of the plan's devices that
     /// NVML knows; None where it knows none (remote devices, no NVML).
-    pub fn sample_peaks(&self) -> Option<engine::DevicePeaks> {
+    pub fn sample_peaks(&self) -> Option<engine::MemorySampler> {
         let devices: Vec<engine::Device> = engine::list_devices()
             .into_iter()
             .filter(|d| self.budgets.iter().any(|b| b.index == d.index))
             .collect();
-        engine::DevicePeaks::start(&devices)
+        let cards = engine::nvml_cards(&devices);
+        (!cards.is_empty()).then(|| engine::MemorySampler::start(None, cards))
     }
 
     /// Each sampled device's (name, peak, budget), with a warning where a

@@ -30,7 +30,7 @@ pub fn vision_memory(
     image: &engine::PeakImage,
 ) -> Result<VisionMemory, LaunchError> {
     let gpu = engine::first_device(engine::DeviceKind::Gpu).map(|d| d.index);
-    let sampler = engine::MemorySampler::start(gpu);
+    let sampler = engine::MemorySampler::start(gpu, Vec::new());
     let peak = engine::encoder_peak(model, mmproj, opts, image, gpu.is_some() && opts.use_gpu)?;
     let measured = sampler.stop().growth();
     let reserved = peak.reserved + peak.weights;

@@ -96,7 +96,10 @@ impl Reports {
     pub(super) fn start_peak_sampler(&self) {
         if engine::has_gpu() {
             lock(&self.sampler).get_or_insert_with(|| {
-                engine::MemorySampler::start(engine::first_device(engine::DeviceKind::Gpu).map(|d| d.index))
+                engine::MemorySampler::start(
+                    engine::first_device(engine::DeviceKind::Gpu).map(|d| d.index),
+                    Vec::new(),
+                )
             });
         }
     }
