@@ -475,7 +475,7 @@ pub fn run_policy(
         // Each repetition's tokens continue the prompt's routing process.
         let depth_routing = router.as_ref().map(|r| r.snapshot());
         for sample in samples.iter_mut() {
-            if !ctx.seq_rm(0, cfg.prompt_tokens as i32, -1) {
+            if !ctx.seq0().seq_rm(cfg.prompt_tokens as i32, -1) {
                 return Err(
                     EngineError::InvalidArgument("the context cannot remove the generated cells".into()).into(),
                 );
