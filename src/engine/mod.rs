@@ -57,7 +57,7 @@ pub use placement::{
 pub use routing::{MoeIds, MoeObserver, MoeRoutePolicy, MoeRouteQuery};
 pub use rpc::add_rpc_servers;
 pub use sampler::{argmax, Sampler, SamplingParams};
-pub use seq0::Seq0;
+pub use seq0::{Seq0, Seq0Mark};
 pub use server::{
     run_llama_server, set_media_release_compute, wake_server_loop, LoadDecision, LoadHook, LoadRequest, LoadRole,
     LoopHook, ProjectorHook, ProjectorParams, ReportText, ServerHooks, ServerReports,

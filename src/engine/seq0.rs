@@ -1,8 +1,18 @@
 //! Sequence 0 of a llama.cpp context at the raw level: its tokens decoded
-//! through a token batch, the greedy token of an output, and its last
-//! positions removed. One implementation behind an owned [`super::Context`]'s decoding and a borrowed context's
+//! through a token batch, the greedy token of an output, and going back to
+//! a depth it held ([`Seq0::mark`], [`Seq0::rewind`]). One implementation
+//! behind an owned [`super::Context`]'s decoding and a borrowed context's
 //! ([`ContextRef`], the server's, decoding for the decode split tuned
 //! before its first request).
+//!
+//! Going back: a KV cache drops the cells past the depth (a sliding
+//! window's too: it holds the window and a ubatch, padded to 256 cells,
+//! and a few steps past the depth reuse cells that left the window). A
+//! recurrent state (Mamba, Gated-DeltaNet: `qwen35moe`, `qwen3next`) holds
+//! no earlier position, so llama.cpp refuses to drop part of it: for such a
+//! memory the mark keeps that part of the state in host memory (llama.cpp's
+//! state API, `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`), and the rewind puts it
+//! back before dropping the attention's cells.
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -82,6 +92,21 @@ pub struct Seq0<'a> {
     /// ([`super::ContextParams::backend_greedy`]).
     sampled: bool,
     _borrow: PhantomData<&'a mut ffi::llama_context>,
+}
+
+/// Sequence 0 as it was at a depth, to go back to ([`Seq0::rewind`]).
+pub struct Seq0Mark {
+    depth: i32,
+    /// The recurrent state, which dropping cells cannot take back, where
+    /// the memory has one.
+    partial: Option<Vec<u8>>,
+}
+
+impl Seq0Mark {
+    /// Positions held at the mark: the next token goes at this one.
+    pub fn depth(&self) -> u32 {
+        self.depth.max(0) as u32
+    }
 }
 
 impl<'a> Seq0<'a> {
@@ -207,6 +232,76 @@ impl<'a> Seq0<'a> {
     pub fn pos_max(&self) -> i32 {
         // SAFETY: a live context; plain query of its memory.
         unsafe { ffi::llama_memory_seq_pos_max(self.memory(), 0) }
+    }
+
+    /// Whether part of the memory cannot go back by dropping cells: a
+    /// recurrent state, alone or beside attention.
+    fn has_recurrent_state(&self) -> bool {
+        let m = self.model();
+        // SAFETY: a live model; plain queries.
+        unsafe { ffi::llama_model_is_recurrent(m) || ffi::llama_model_is_hybrid(m) }
+    }
+
+    /// Mark the sequence as it is now, to go back to it after decoding past
+    /// it ([`Seq0::rewind`]). Waits for the decodes' work.
+    pub fn mark(&mut self) -> Result<Seq0Mark> {
+        let partial = if self.has_recurrent_state() {
+            let flags = ffi::LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY;
+            // SAFETY: a live context; the size query writes nothing.
+            let size = unsafe { ffi::llama_state_seq_get_size_ext(self.raw(), 0, flags) };
+            let mut state = vec![0u8; size];
+            // SAFETY: `state` holds `size` writable bytes.
+            let n = unsafe { ffi::llama_state_seq_get_data_ext(self.raw(), state.as_mut_ptr(), size, 0, flags) };
+            if n == 0 {
+                return Err(EngineError::SeqState(
+                    "llama.cpp could not copy its recurrent state".into(),
+                ));
+            }
+            state.truncate(n);
+            Some(state)
+        } else {
+            self.synchronize();
+            None
+        };
+        Ok(Seq0Mark {
+            depth: self.pos_max() + 1,
+            partial,
+        })
+    }
+
+    /// Go back to `mark`: the positions decoded after it removed, and the
+    /// state that removing them cannot restore put back. Fails, with the
+    /// reason, where the sequence cannot be as it was.
+    pub fn rewind(&mut self, mark: &Seq0Mark) -> Result<()> {
+        // A KV cache: its cells up to the mark, as they were.
+        if self.seq_rm(mark.depth, -1) && self.pos_max() == mark.depth - 1 {
+            return Ok(());
+        }
+        let Some(state) = &mark.partial else {
+            return Err(EngineError::SeqState(format!(
+                "the context's memory cannot go back to position {} (it cannot drop the positions after it, and nothing of its state was kept)",
+                mark.depth
+            )));
+        };
+        let flags = ffi::LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY;
+        // SAFETY: `state` is what llama_state_seq_get_data_ext wrote for
+        // sequence 0 of this context with the same flags.
+        let n = unsafe { ffi::llama_state_seq_set_data_ext(self.raw(), state.as_ptr(), state.len(), 0, flags) };
+        if n == 0 {
+            return Err(EngineError::SeqState(
+                "llama.cpp could not restore its recurrent state".into(),
+            ));
+        }
+        // The recurrent state is at the mark again; the attention's cells
+        // after it go.
+        if !(self.seq_rm(mark.depth, -1) && self.pos_max() == mark.depth - 1) {
+            return Err(EngineError::SeqState(format!(
+                "after its state was restored it holds positions up to {}, not {}",
+                self.pos_max(),
+                mark.depth - 1
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::{LaunchError, Session};
-use crate::engine::{Context, ContextRef, EngineError, Seq0, Token};
+use crate::engine::{Context, ContextRef, Seq0, Seq0Mark, Token};
 use crate::plan::{set_row_split, Plan, RowSplit};
 
 /// The knob a plan's decode split turns.
@@ -605,8 +605,8 @@ pub fn search_split_within(
 }
 
 /// Choose `session`'s decode split on the loaded `ctx`: time decode steps of
-/// sequence 0 at position `depth` and after (the cells a step adds are
-/// removed before the next setting) for the settings
+/// sequence 0 at position `depth` and after (the sequence goes back to
+/// `depth` before the next setting, [`Seq0::rewind`]) for the settings
 /// [`ShareSearch`] asks for, through the session's policy switch, and keep
 /// the fastest in force (its graphs are rebuilt at the next decode). Does
 /// nothing (None) for a plan with no knob ([`super::Launch::split_knob`]) or
@@ -655,7 +655,7 @@ pub fn tune_split(
 }
 
 /// [`search_split_within`] on decode steps of `seq0` after the positions
-/// it holds, which are removed again after each setting's steps.
+/// it holds, marked first and gone back to after each setting's steps.
 /// `stream` is the context's streaming slots and routed threshold, set
 /// again to rebuild its graphs.
 fn search_on_seq0(
@@ -665,24 +665,24 @@ fn search_on_seq0(
     stream: (u32, u32),
     limit: Option<Duration>,
 ) -> Result<SplitTuning, LaunchError> {
-    let depth = seq0.pos_max() + 1;
+    let mark = seq0.mark()?;
     let n_vocab = seq0.n_vocab().max(2) as u64;
     let mut probe = Seq0Probe {
         session,
         seq0,
         stream,
-        depth,
+        mark,
         n_vocab,
     };
     search_split_within(knob, &mut probe, limit)
 }
 
-/// Decode steps of a context's sequence 0 from position `depth`.
+/// Decode steps of a context's sequence 0 after its `mark`.
 struct Seq0Probe<'a, 'c> {
     session: &'a Session,
     seq0: &'a mut Seq0<'c>,
     stream: (u32, u32),
-    depth: i32,
+    mark: Seq0Mark,
     n_vocab: u64,
 }
 
@@ -693,7 +693,7 @@ impl SplitProbe for Seq0Probe<'_, '_> {
     }
 
     fn time_steps(&mut self) -> Result<f64, LaunchError> {
-        let (seq0, depth, n_vocab) = (&mut *self.seq0, self.depth, self.n_vocab);
+        let (seq0, depth, n_vocab) = (&mut *self.seq0, self.mark.depth() as i32, self.n_vocab);
         let timed = time_each_step(|i, tok| {
             seq0.decode(&[tok], depth + i as i32, true)?;
             // Reading the output waits for the step; it is the next input,
@@ -706,16 +706,10 @@ impl SplitProbe for Seq0Probe<'_, '_> {
             });
             Ok((next as u64 % n_vocab) as Token)
         });
-        // The steps' cells go, whether or not they all ran.
-        let removed = self.seq0.seq_rm(self.depth, -1);
+        // The steps' positions go, whether or not they all ran.
+        let rewound = self.seq0.rewind(&self.mark);
         let t = timed?;
-        if !removed {
-            return Err(EngineError::SeqState(format!(
-                "the context's memory cannot drop the steps' positions from {} on (a recurrent state)",
-                self.depth
-            ))
-            .into());
-        }
+        rewound?;
         Ok(t)
     }
 }
