@@ -41,7 +41,9 @@ fn block(ctx: &mut Context<'_>, n_vocab: u64) -> Result<f64> {
             times.push(t.elapsed().as_secs_f64());
         }
     }
-    ctx.seq_rm(0, DEPTH as i32, -1);
+    if !ctx.seq0().seq_rm(DEPTH as i32, -1) {
+        bail!("the model's memory cannot drop the decoded cells (a recurrent state)");
+    }
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
 }

@@ -258,6 +258,44 @@ fn bench_json_holds_what_a_summary_row_needs() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--tg` on a model with a recurrent state (qwen35moe's Gated-DeltaNet
+/// layers), which llama.cpp cannot cut back to the depth: each repetition
+/// after the first starts from the depth's state, put back, rather than
+/// failing ("the context cannot remove the generated cells").
+#[test]
+fn tg_repetitions_go_back_to_the_depth_of_a_recurrent_model() {
+    let dir = common::scratch_dir("bench-tg-recurrent");
+    let model = common::synth_tiny_model(&dir, "tiny-qwen3.6-35b-a3b", Quant::Q4_0);
+    let out_dir = dir.join("out");
+    let args = [
+        "bench",
+        "-m",
+        model.to_str().unwrap(),
+        "--policies",
+        "ngl",
+        "-p",
+        "48",
+        "-n",
+        "6",
+        "-r",
+        "2",
+        "--ub",
+        "16",
+        "-t",
+        "2",
+        "--tg",
+        "--vram-budget",
+        "1GiB",
+        "-o",
+        out_dir.to_str().unwrap(),
+    ];
+    let out = pipeshard(&args, &dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "bench failed:\n{stderr}");
+    assert!(stderr.contains("(median of 2)"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// On a CPU-only machine the pipeshard policy fails per row (no GPU
 /// profile), the upstream policy still runs, and bench exits normally.
 #[test]

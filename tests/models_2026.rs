@@ -651,3 +651,85 @@ fn the_real_presets_load_in_the_pinned_llama_cpp() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The decode split's tuner on the CPU through llama.cpp, on a model whose
+/// memory cannot drop its last positions (qwen35moe's recurrent
+/// Gated-DeltaNet state) and on one with a sliding window (gpt-oss, its
+/// window's cache smaller than the prompt): `run` and `bench`'s search
+/// after a prompt ([`pipeshard::launch::tune_split`]) and a server's before
+/// its first request ([`Session::between_batches`]) each measure every
+/// setting, and the greedy tokens after them are the untuned context's.
+/// Before sequence 0 went back to the prompt's state between the settings,
+/// the second setting's steps failed on the recurrent model (llama.cpp:
+/// "inconsistent sequence positions") and neither search tuned.
+#[test]
+fn the_decode_split_is_tuned_on_recurrent_and_window_models() {
+    use pipeshard::launch::{tune_split, Launch, ProcessOverhead, Session, SplitKnob, SplitSetting};
+    pipeshard::engine::init(None).unwrap();
+    let dir = common::scratch_dir("models-2026-tune");
+    for preset in ["tiny-qwen3.6-35b-a3b", "tiny-gpt-oss-20b"] {
+        let path = common::synth_tiny_model(&dir, preset, Quant::Q4_0);
+        let m = pipeshard::gguf::inspect(&path).unwrap().1;
+        let model = load(&path, None);
+        let knob = SplitKnob::Experts {
+            start: 1,
+            max: m.n_expert_used - 1,
+        };
+        let plan = plan_at(&m, GIB);
+        let launch = Launch {
+            budget: plan.vram.budget,
+            overhead: ProcessOverhead::for_machine(Some(&profile()), 512),
+            replan: None,
+            split_knob: Some(knob),
+            plan,
+        };
+        let every: Vec<SplitSetting> = (0..m.n_expert_used).map(SplitSetting::Experts).collect();
+        let measured_every = |t: &pipeshard::launch::SplitTuning| {
+            let mut got: Vec<SplitSetting> = t.measured.iter().map(|(s, _)| *s).collect();
+            got.sort_by_key(|s| s.to_string());
+            got.dedup();
+            assert_eq!(got, every, "{preset}: {t}");
+            assert!(
+                t.measured.iter().all(|(_, secs)| secs.is_finite() && *secs > 0.0),
+                "{t}"
+            );
+        };
+        let cp = common::small_context_params();
+        let n_vocab = model.n_vocab();
+        // Longer than the window's cache (the window, a ubatch, padded:
+        // 256 cells), over several batches.
+        let prompt: Vec<i32> = (0..300).map(|i| (i * 7919 + 1) % (n_vocab - 1)).collect();
+        let mut ctx = Context::new(&model, cp.clone()).unwrap();
+        let plain = common::greedy(&mut ctx, &prompt, 6, |_, _| {});
+
+        let mut session = Session::new(&launch);
+        let mut tuned = None;
+        let tokens = common::greedy(&mut ctx, &prompt, 6, |i, ctx| {
+            if i == 0 {
+                tuned = tune_split(&mut session, ctx, prompt.len() as u32).unwrap();
+                assert_eq!(ctx.seq_pos_max(0), prompt.len() as i32 - 1, "{preset}");
+            }
+        });
+        measured_every(&tuned.unwrap_or_else(|| panic!("{preset}: not tuned")));
+        assert_eq!(tokens, plain, "{preset}: the tokens after tuning");
+
+        // A server's, before its first request: its cells removed after.
+        let mut served = Session::new(&launch);
+        let chosen: Arc<Mutex<Vec<u32>>> = Arc::default();
+        let c = Arc::clone(&chosen);
+        served.on_plan_changed(Arc::new(move |p: &plan::Plan, _| {
+            c.lock().unwrap().push(p.hybrid_gpu_experts)
+        }));
+        served.tune_before_serving(&cp);
+        ctx.clear();
+        served.between_batches(ctx.context_ref());
+        assert_eq!(
+            chosen.lock().unwrap().len(),
+            1,
+            "{preset}: the server's search did not tune"
+        );
+        assert_eq!(ctx.seq_pos_max(0), -1, "{preset}");
+        assert_eq!(common::greedy(&mut ctx, &prompt, 6, |_, _| {}), plain, "{preset}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -472,14 +472,12 @@ pub fn run_policy(
         // llama-bench does not time its depth's fill: the decode tier comes
         // with it.
         let first = fill_depth(&mut ctx, &prompt, running.as_mut())?;
-        // Each repetition's tokens continue the prompt's routing process.
+        // Each repetition's tokens continue the prompt's routing process,
+        // and its cache (a recurrent state restored, not cut back).
         let depth_routing = router.as_ref().map(|r| r.snapshot());
+        let depth = ctx.seq0().mark()?;
         for sample in samples.iter_mut() {
-            if !ctx.seq_rm(0, cfg.prompt_tokens as i32, -1) {
-                return Err(
-                    EngineError::InvalidArgument("the context cannot remove the generated cells".into()).into(),
-                );
-            }
+            ctx.seq0().rewind(&depth)?;
             if let (Some(r), Some(s)) = (&router, &depth_routing) {
                 r.restore(s);
             }

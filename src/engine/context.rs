@@ -11,7 +11,8 @@ use super::placement::{
     moe_split_trampoline, offload_trampoline, row_split_trampoline, MoeSplitPolicy, OffloadPolicy, RowSplitPolicy,
 };
 use super::routing::{moe_observe_trampoline, moe_route_trampoline, MoeObserver, MoeRoutePolicy};
-use super::sampler::{argmax, Sampler, SamplingParams};
+use super::sampler::{Sampler, SamplingParams};
+use super::seq0::{Batch, Seq0};
 
 /// Whether to use flash attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -248,8 +249,7 @@ pub fn default_threads() -> i32 {
 pub struct Context<'m> {
     ptr: NonNull<ffi::llama_context>,
     model: &'m Model,
-    batch: ffi::llama_batch,
-    batch_cap: usize,
+    batch: Batch,
     embeddings: bool,
     // Boxed so its address stays fixed while the scheduler holds it.
     _offload: Option<Box<OffloadPolicy>>,
@@ -271,11 +271,8 @@ unsafe impl Send for Context<'_> {}
 
 impl Drop for Context<'_> {
     fn drop(&mut self) {
-        // SAFETY: both were created in `new` and are freed once.
-        unsafe {
-            ffi::llama_batch_free(self.batch);
-            ffi::llama_free(self.ptr.as_ptr());
-        }
+        // SAFETY: created in `new` and freed once (the batch after it).
+        unsafe { ffi::llama_free(self.ptr.as_ptr()) };
     }
 }
 
@@ -317,14 +314,12 @@ impl<'m> Context<'m> {
         })?;
         // SAFETY: plain query on the new context.
         let batch_cap = unsafe { ffi::llama_n_batch(ptr.as_ptr()) } as usize;
-        // SAFETY: allocates a token batch of batch_cap entries, one seq id each
-        // (we allocate n_seq_max ids so multi-sequence tokens fit).
-        let batch = unsafe { ffi::llama_batch_init(batch_cap as i32, 0, params.n_seq_max as i32) };
+        // n_seq_max ids per token, so that multi-sequence tokens fit.
+        let batch = Batch::new(batch_cap, params.n_seq_max);
         Ok(Context {
             ptr,
             model,
             batch,
-            batch_cap,
             embeddings: params.embeddings,
             _offload: offload,
             _moe_split: moe_split,
@@ -368,7 +363,7 @@ impl<'m> Context<'m> {
 
     /// Largest batch per `decode` call.
     pub fn n_batch(&self) -> u32 {
-        self.batch_cap as u32
+        self.batch.cap() as u32
     }
 
     /// Micro-batch size.
@@ -377,39 +372,17 @@ impl<'m> Context<'m> {
         unsafe { ffi::llama_n_ubatch(self.ptr.as_ptr()) }
     }
 
+    /// Its sequence 0, decoded through its batch ([`Seq0`]).
+    pub fn seq0(&mut self) -> Seq0<'_> {
+        let sampled = self.greedy.is_some();
+        Seq0::new(self.ptr, &mut self.batch, sampled)
+    }
+
     /// Decode a run of tokens of sequence 0 starting at position `pos`,
     /// split into `n_batch` chunks. Logits are kept for the last token only
     /// when `logits_last` is set.
     pub fn decode_tokens(&mut self, tokens: &[Token], pos: i32, logits_last: bool) -> Result<()> {
-        let n_ctx = self.n_ctx();
-        if pos as usize + tokens.len() > n_ctx as usize {
-            return Err(EngineError::ContextOverflow {
-                n_tokens: pos as usize + tokens.len(),
-                n_ctx,
-            });
-        }
-        let n_vocab = self.model.n_vocab();
-        if let Some(&bad) = tokens.iter().find(|&&t| t < 0 || t >= n_vocab) {
-            return Err(EngineError::TokenOutOfRange { token: bad, n_vocab });
-        }
-        let mut p = pos;
-        let chunks: Vec<&[Token]> = tokens.chunks(self.batch_cap).collect();
-        let n_chunks = chunks.len();
-        for (ci, chunk) in chunks.into_iter().enumerate() {
-            let items: Vec<BatchItem> = chunk
-                .iter()
-                .enumerate()
-                .map(|(i, &t)| BatchItem {
-                    token: t,
-                    pos: p + i as i32,
-                    seq: 0,
-                    logits: logits_last && ci + 1 == n_chunks && i + 1 == chunk.len(),
-                })
-                .collect();
-            self.decode_batch(&items)?;
-            p += chunk.len() as i32;
-        }
-        Ok(())
+        self.seq0().decode(tokens, pos, logits_last)
     }
 
     /// Decode one batch of tokens from any sequences (at most `n_batch`).
@@ -417,37 +390,24 @@ impl<'m> Context<'m> {
         if items.is_empty() {
             return Ok(());
         }
-        if items.len() > self.batch_cap {
+        if items.len() > self.batch.cap() {
             return Err(EngineError::InvalidArgument(format!(
                 "batch of {} tokens exceeds n_batch {}",
                 items.len(),
-                self.batch_cap
+                self.batch.cap()
             )));
         }
         let n_vocab = self.model.n_vocab();
-        // SAFETY: the batch arrays hold batch_cap entries (checked above) and
-        // one seq id slot per token; we write within those bounds.
-        unsafe {
-            for (i, it) in items.iter().enumerate() {
-                if it.token < 0 || it.token >= n_vocab {
-                    return Err(EngineError::TokenOutOfRange {
-                        token: it.token,
-                        n_vocab,
-                    });
-                }
-                *self.batch.token.add(i) = it.token;
-                *self.batch.pos.add(i) = it.pos;
-                *self.batch.n_seq_id.add(i) = 1;
-                *(*self.batch.seq_id.add(i)) = it.seq;
-                *self.batch.logits.add(i) = it.logits as i8;
-            }
-            self.batch.n_tokens = items.len() as i32;
-            let rc = ffi::llama_decode(self.ptr.as_ptr(), self.batch);
-            if rc != 0 {
-                return Err(EngineError::Decode { code: rc });
-            }
+        if let Some(bad) = items.iter().find(|it| it.token < 0 || it.token >= n_vocab) {
+            return Err(EngineError::TokenOutOfRange {
+                token: bad.token,
+                n_vocab,
+            });
         }
-        Ok(())
+        for (i, it) in items.iter().enumerate() {
+            self.batch.set(i, it.token, it.pos, it.seq, it.logits);
+        }
+        self.batch.decode(self.ptr.as_ptr(), items.len())
     }
 
     /// Logits of the `i`-th output of the last batch (-1: the last one).
@@ -466,13 +426,12 @@ impl<'m> Context<'m> {
 
     /// The greedy token of the `i`-th output of the last batch (-1: the
     /// last one): backend sampling's where the context has it
-    /// ([`Context::sampled_token`]), else the host's [`argmax`] of the
+    /// ([`Context::sampled_token`]), else the host's [`super::argmax`] of the
     /// logits.
     pub fn greedy_token(&mut self, i: i32) -> Result<Token> {
-        match self.sampled_token(i) {
-            Some(t) => Ok(t),
-            None => Ok(argmax(self.logits(i)?)),
-        }
+        self.seq0()
+            .greedy(i)
+            .ok_or_else(|| EngineError::InvalidArgument(format!("no logits for output {i}")))
     }
 
     /// The token that backend sampling ([`ContextParams::backend_greedy`])
@@ -480,10 +439,7 @@ impl<'m> Context<'m> {
     /// `None` where it did not run (not asked for, or the device that
     /// computes the logits cannot run it: the logits are there instead).
     pub fn sampled_token(&mut self, i: i32) -> Option<Token> {
-        self.greedy.as_ref()?;
-        // SAFETY: valid context; LLAMA_TOKEN_NULL for an output without one.
-        let t = unsafe { ffi::llama_get_sampled_token_ith(self.ptr.as_ptr(), i) };
-        (t != ffi::LLAMA_TOKEN_NULL).then_some(t)
+        self.seq0().sampled(i)
     }
 
     /// Pooled embedding of a sequence (or the last token's, without pooling).
@@ -579,16 +535,17 @@ impl<'m> Context<'m> {
         self.context_ref().set_stream_slots(slots, routed_max);
     }
 
+    /// The streaming slots and routed-expert threshold it was made with
+    /// ([`ContextParams::stream_slots`], [`ContextParams::stream_routed_max`]),
+    /// which [`Context::rebuild_graphs`] sets again.
+    pub fn stream_params(&self) -> (u32, u32) {
+        self.stream
+    }
+
     /// Forget all sequences.
     pub fn clear(&mut self) {
         // SAFETY: valid context.
         unsafe { ffi::llama_memory_clear(ffi::llama_get_memory(self.ptr.as_ptr()), true) };
-    }
-
-    /// Remove positions `[p0, p1)` of a sequence (-1: open end).
-    pub fn seq_rm(&mut self, seq: i32, p0: i32, p1: i32) -> bool {
-        // SAFETY: valid context.
-        unsafe { ffi::llama_memory_seq_rm(ffi::llama_get_memory(self.ptr.as_ptr()), seq, p0, p1) }
     }
 
     /// Highest position stored for a sequence, or -1.

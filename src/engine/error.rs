@@ -68,6 +68,8 @@ pub enum EngineError {
     Rpc { endpoint: String, reason: String },
     #[error("{0}")]
     Ubatch(String),
+    #[error("sequence 0: {0}")]
+    SeqState(String),
 }
 
 fn moved_before(done: usize) -> String {

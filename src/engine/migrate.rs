@@ -97,10 +97,10 @@ impl ContextRef<'_> {
         }
     }
 
-    /// The raw context, for the borrowed decode steps of this module's
-    /// siblings ([`super::borrowed_decode`]).
-    pub(super) fn raw(&self) -> *mut ffi::llama_context {
-        self.ptr.as_ptr()
+    /// The raw context, for this module's siblings (sequence 0's decoding,
+    /// [`super::seq0`]).
+    pub(super) fn raw(&self) -> NonNull<ffi::llama_context> {
+        self.ptr
     }
 
     pub(super) fn model(&self) -> *const ffi::llama_model {

@@ -12,7 +12,6 @@
 //! ```
 
 mod backend;
-mod borrowed_decode;
 mod context;
 mod cuda_limits;
 mod error;
@@ -29,6 +28,7 @@ mod placement;
 mod routing;
 mod rpc;
 mod sampler;
+mod seq0;
 mod server;
 mod vision;
 
@@ -57,6 +57,7 @@ pub use placement::{
 pub use routing::{MoeIds, MoeObserver, MoeRoutePolicy, MoeRouteQuery};
 pub use rpc::add_rpc_servers;
 pub use sampler::{argmax, Sampler, SamplingParams};
+pub use seq0::{Seq0, Seq0Mark};
 pub use server::{
     run_llama_server, set_media_release_compute, wake_server_loop, LoadDecision, LoadHook, LoadRequest, LoadRole,
     LoopHook, ProjectorHook, ProjectorParams, ReportText, ServerHooks, ServerReports,

@@ -196,9 +196,13 @@ pub fn generate_speculative(
             history.push(token);
         }
         // Forget the rejected draft tokens in both caches.
-        ctx.seq_rm(0, (pos + 1 + accepted) as i32, -1);
         draft_past = draft_past.min(history.len());
-        draft.seq_rm(0, draft_past as i32, -1);
+        let kept = ctx.seq0().seq_rm((pos + 1 + accepted) as i32, -1) && draft.seq0().seq_rm(draft_past as i32, -1);
+        if !kept {
+            return Err(EngineError::SeqState(
+                "the cache cannot drop the rejected draft tokens (a recurrent state keeps no earlier position): decode without a draft model".into(),
+            ));
+        }
         spec.verify_ms += t.elapsed().as_secs_f64() * 1e3;
     };
     let decode: Duration = t_first.elapsed();

@@ -105,13 +105,6 @@ impl Session {
         self.plan_changed = Some(f);
     }
 
-    /// Put `plan`'s per-op decisions in force in `ctx`, made with the
-    /// installed parameters: its graphs are built again at the next decode.
-    pub fn put_in_force(&self, plan: &Plan, ctx: &mut Context<'_>) {
-        self.switch.switch(plan);
-        ctx.rebuild_graphs();
-    }
-
     /// With `--vram-budget auto`: a follower of the card for the plan in
     /// force, not sampling yet ([`Follower::spawn`]); its re-plans switch
     /// this session's decisions. `wake` wakes the model's thread (a
@@ -204,7 +197,9 @@ impl Session {
             Err(_) => {
                 tracing::warn!("decode split: not tuned, the tuner failed; the plan's setting is in force");
                 self.switch.switch(&self.plan);
-                ctx.seq_rm(0, 0, -1);
+                if !ctx.seq0().seq_rm(-1, -1) {
+                    tracing::warn!("decode split: the tuning's cells of sequence 0 could not be removed");
+                }
                 ctx.set_stream_slots(stream.0, stream.1);
             }
         }

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::{LaunchError, Session};
-use crate::engine::{Context, ContextRef, Token};
+use crate::engine::{Context, ContextRef, Seq0, Seq0Mark, Token};
 use crate::plan::{set_row_split, Plan, RowSplit};
 
 /// The knob a plan's decode split turns.
@@ -605,14 +605,15 @@ pub fn search_split_within(
 }
 
 /// Choose `session`'s decode split on the loaded `ctx`: time decode steps of
-/// sequence 0 at position `depth` and after (the cells a step adds are
-/// removed before the next setting) for the settings [`ShareSearch`] asks
-/// for, through the session's policy switch, and keep the fastest in force
-/// (its graphs are rebuilt at the next decode). Does nothing (None) for a
-/// plan with no knob ([`super::Launch::split_knob`]) or one tuned already. `depth` cells of sequence 0
-/// must be in the cache already; they are kept, except those a short
-/// context needs for the steps. Where a step fails, the plan's setting
-/// stays in force and the log says why (None).
+/// sequence 0 at position `depth` and after (the sequence goes back to
+/// `depth` before the next setting, [`Seq0::rewind`]) for the settings
+/// [`ShareSearch`] asks for, through the session's policy switch, and keep
+/// the fastest in force (its graphs are rebuilt at the next decode). Does
+/// nothing (None) for a plan with no knob ([`super::Launch::split_knob`]) or
+/// one tuned already. `depth` cells of sequence 0 must be in the cache
+/// already; they are kept, except those a short context needs for the
+/// steps. Where a step fails, the plan's setting stays in force and the log
+/// says why (None); the sequence may then hold other cells.
 pub fn tune_split(
     session: &mut Session,
     ctx: &mut Context<'_>,
@@ -624,24 +625,23 @@ pub fn tune_split(
     // The steps must fit the context at the depth: a shallower one keeps
     // the first cells.
     let steps = (SETTLE_STEPS + TIMED_STEPS) as u32;
-    let depth = depth.min(ctx.n_ctx().saturating_sub(steps));
+    let n_ctx = ctx.n_ctx();
+    let depth = depth.min(n_ctx.saturating_sub(steps));
     if depth == 0 {
-        tracing::info!(
-            "decode split: not tuned, the context ({} cells) is too short for {steps} decode steps",
-            ctx.n_ctx()
+        tracing::info!("decode split: not tuned, the context ({n_ctx} cells) is too short for {steps} decode steps");
+        return Ok(None);
+    }
+    let stream = ctx.stream_params();
+    let mut seq0 = ctx.seq0();
+    if !seq0.seq_rm(depth as i32, -1) {
+        tracing::warn!(
+            "decode split: not tuned, keeping the plan's {}: {steps} decode steps need the context ({n_ctx} cells) to drop sequence 0's positions from {depth} on, which its memory cannot (a recurrent state)",
+            knob.planned()
         );
         return Ok(None);
     }
-    ctx.seq_rm(0, depth as i32, -1);
     session.split_knob = None;
-    let n_vocab = ctx.model().n_vocab().max(2) as u64;
-    let mut probe = ContextProbe {
-        session: &*session,
-        ctx,
-        depth,
-        n_vocab,
-    };
-    match search_split(knob, &mut probe) {
+    match search_on_seq0(session, knob, &mut seq0, stream, None) {
         Ok(tuning) => {
             tracing::info!("decode split: {tuning}");
             session.plan = with_setting(&session.plan, tuning.chosen);
@@ -654,36 +654,64 @@ pub fn tune_split(
     }
 }
 
-/// A loaded context's decode steps, at `depth` of sequence 0.
-struct ContextProbe<'a, 'm> {
+/// [`search_split_within`] on decode steps of `seq0` after the positions
+/// it holds, marked first and gone back to after each setting's steps.
+/// `stream` is the context's streaming slots and routed threshold, set
+/// again to rebuild its graphs.
+fn search_on_seq0(
+    session: &Session,
+    knob: SplitKnob,
+    seq0: &mut Seq0<'_>,
+    stream: (u32, u32),
+    limit: Option<Duration>,
+) -> Result<SplitTuning, LaunchError> {
+    let mark = seq0.mark()?;
+    let n_vocab = seq0.n_vocab().max(2) as u64;
+    let mut probe = Seq0Probe {
+        session,
+        seq0,
+        stream,
+        mark,
+        n_vocab,
+    };
+    search_split_within(knob, &mut probe, limit)
+}
+
+/// Decode steps of a context's sequence 0 after its `mark`.
+struct Seq0Probe<'a, 'c> {
     session: &'a Session,
-    ctx: &'a mut Context<'m>,
-    depth: u32,
+    seq0: &'a mut Seq0<'c>,
+    stream: (u32, u32),
+    mark: Seq0Mark,
     n_vocab: u64,
 }
 
-impl SplitProbe for ContextProbe<'_, '_> {
+impl SplitProbe for Seq0Probe<'_, '_> {
     fn put_in_force(&mut self, setting: SplitSetting) {
-        self.session
-            .put_in_force(&with_setting(&self.session.plan, setting), self.ctx);
+        self.session.switch.switch(&with_setting(&self.session.plan, setting));
+        self.seq0.context().set_stream_slots(self.stream.0, self.stream.1);
     }
 
     fn time_steps(&mut self) -> Result<f64, LaunchError> {
-        let timed = time_steps(self.ctx, self.depth, self.n_vocab);
-        // The steps' cells go, whether or not they all ran.
-        self.ctx.seq_rm(0, self.depth as i32, -1);
-        timed
+        let (seq0, depth, n_vocab) = (&mut *self.seq0, self.mark.depth() as i32, self.n_vocab);
+        let timed = time_each_step(|i, tok| {
+            seq0.decode(&[tok], depth + i as i32, true)?;
+            // Reading the output waits for the step; it is the next input,
+            // as in greedy decoding, so the routed experts vary as they do
+            // there. Where the context keeps no logits (upstream's backend
+            // sampling), the step is waited for and the next token taken.
+            let next = seq0.greedy(-1).unwrap_or_else(|| {
+                seq0.synchronize();
+                tok + 1
+            });
+            Ok((next as u64 % n_vocab) as Token)
+        });
+        // The steps' positions go, whether or not they all ran.
+        let rewound = self.seq0.rewind(&self.mark);
+        let t = timed?;
+        rewound?;
+        Ok(t)
     }
-}
-
-/// Median seconds per decode step at `depth`, after the settling steps.
-fn time_steps(ctx: &mut Context<'_>, depth: u32, n_vocab: u64) -> Result<f64, LaunchError> {
-    time_each_step(|i, tok| {
-        ctx.decode_tokens(&[tok], depth as i32 + i as i32, true)?;
-        // Reading the output waits for the step; it is the next input, as
-        // in greedy decoding, so the routed experts vary as they do there.
-        Ok((ctx.greedy_token(-1)? as u64 % n_vocab) as Token)
-    })
 }
 
 /// Median seconds of `step(i, token)` (decode step `i` of `token`, waited
@@ -737,16 +765,17 @@ pub fn tune_served(session: &mut Session, mut ctx: ContextRef<'_>, stream: (u32,
     let knob = session.split_knob.take()?;
     let steps = (SETTLE_STEPS + TIMED_STEPS) as u32;
     let held = (0..ctx.n_seq_max() as i32).any(|s| ctx.seq_pos_max(s) >= 0);
+    let mut seq0 = ctx.seq0();
     let depth = SERVED_DEPTH
         .min(session.plan.workload.prompt_tokens.min(u32::MAX as u64) as u32)
-        .min(ctx.n_ctx_seq().saturating_sub(steps));
+        .min(seq0.n_ctx_seq().saturating_sub(steps));
     if held || depth == 0 {
         let why = if held {
             "the context holds a sequence already".to_string()
         } else {
             format!(
                 "a sequence's context ({} cells) is too short for {steps} decode steps",
-                ctx.n_ctx_seq()
+                seq0.n_ctx_seq()
             )
         };
         tracing::info!("decode split: not tuned, {why}; the plan's {} stays", knob.planned());
@@ -757,21 +786,17 @@ pub fn tune_served(session: &mut Session, mut ctx: ContextRef<'_>, stream: (u32,
         knob.planned(),
         SERVED_LIMIT.as_secs()
     );
-    let n_vocab = ctx.n_vocab().max(2) as u64;
+    let n_vocab = seq0.n_vocab().max(2) as u64;
     let prompt: Vec<Token> = (0..depth as u64)
         .map(|i| ((i * 7919 + 1) % (n_vocab - 1)) as Token)
         .collect();
-    let searched = ctx.decode_seq0(&prompt, 0).map_err(LaunchError::from).and_then(|()| {
-        let mut probe = ServedProbe {
-            session: &*session,
-            ctx: ctx.reborrow(),
-            stream,
-            depth,
-            n_vocab,
-        };
-        search_split_within(knob, &mut probe, Some(SERVED_LIMIT))
-    });
-    ctx.seq_rm(0, 0, -1);
+    let searched = seq0
+        .decode(&prompt, 0, true)
+        .map_err(LaunchError::from)
+        .and_then(|()| search_on_seq0(session, knob, &mut seq0, stream, Some(SERVED_LIMIT)));
+    if !seq0.seq_rm(-1, -1) {
+        tracing::warn!("decode split: the tuning's cells of sequence 0 could not be removed");
+    }
     match searched {
         Ok(tuning) => {
             tracing::info!("decode split: {tuning}");
@@ -781,38 +806,9 @@ pub fn tune_served(session: &mut Session, mut ctx: ContextRef<'_>, stream: (u32,
         Err(e) => {
             tracing::warn!("decode split: not tuned, keeping the plan's {}: {e}", knob.planned());
             session.switch.switch(&session.plan);
-            ctx.set_stream_slots(stream.0, stream.1);
+            seq0.context().set_stream_slots(stream.0, stream.1);
             None
         }
-    }
-}
-
-/// A server's context, borrowed between two batches: decode steps of
-/// sequence 0 at `depth`.
-struct ServedProbe<'a, 'c> {
-    session: &'a Session,
-    ctx: ContextRef<'c>,
-    stream: (u32, u32),
-    depth: u32,
-    n_vocab: u64,
-}
-
-impl SplitProbe for ServedProbe<'_, '_> {
-    fn put_in_force(&mut self, setting: SplitSetting) {
-        self.session.switch.switch(&with_setting(&self.session.plan, setting));
-        self.ctx.set_stream_slots(self.stream.0, self.stream.1);
-    }
-
-    fn time_steps(&mut self) -> Result<f64, LaunchError> {
-        let (ctx, depth, n_vocab) = (&mut self.ctx, self.depth, self.n_vocab);
-        let timed = time_each_step(|i, tok| {
-            ctx.decode_seq0(&[tok], (depth + i) as i32)?;
-            // The greedy token where the context keeps logits, as in
-            // `time_steps`; else the next one.
-            Ok(ctx.greedy_last().map_or(tok + 1, |t| t) % n_vocab as Token)
-        });
-        self.ctx.seq_rm(0, self.depth as i32, -1);
-        timed
     }
 }
 
