@@ -151,11 +151,12 @@ pub fn policies(plan: &Plan) -> Policies {
     // every layer that splits in some tier (the tuner may split it where
     // the plan streams that ubatch's experts).
     let batch = plan.workload.decode_tokens();
-    let batch = (batch > 1 && plan.batch_gpu_experts > 0).then(|| {
+    let batch = (batch > 1).then(|| {
         let layers: HashSet<u32> = hybrid.iter().map(|&(_, l)| l).collect();
         (batch, plan.batch_gpu_experts, layers)
     });
-    let moe_split: Option<MoeSplitPolicy> = ((gpu_experts > 0 || batch.is_some()) && !hybrid.is_empty()).then(|| {
+    let batch_k = batch.as_ref().map_or(0, |b| b.1);
+    let moe_split: Option<MoeSplitPolicy> = ((gpu_experts > 0 || batch_k > 0) && !hybrid.is_empty()).then(|| {
         let tier_of = tier_of.clone();
         Arc::new(move |layer: u32, n_tokens: u32| {
             let tier = tier_of(n_tokens.max(1));

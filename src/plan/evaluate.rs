@@ -920,6 +920,11 @@ impl Evaluator {
     }
 }
 
+/// A tensor's times at one size, as [`Evaluator`]'s `times` holds them.
+type OpTimes = (f64, Exec, f64, f64);
+/// A tensor's exec alone, its seconds and link seconds.
+type HostExec = (Exec, f64, f64);
+
 /// Hybrid experts in the decode ubatch of `par` sequences decoding
 /// together (size index `decode`): each token's first `k` routed experts on
 /// the GPU, which copies the union of the experts they route to over the
@@ -944,8 +949,8 @@ fn batch_hybrid(
     groups: &[Vec<usize>],
     decode: usize,
     par: u64,
-    times: &mut [Vec<(f64, Exec, f64, f64)>],
-    unsplit: &mut [Vec<Option<(Exec, f64, f64)>>],
+    times: &mut [Vec<OpTimes>],
+    unsplit: &mut [Vec<Option<HostExec>>],
 ) -> u32 {
     let weights = |g: &[usize]| g.iter().map(|&k| &model.tensors[tensors[k]]).collect::<Vec<_>>();
     let layers: Vec<&Vec<usize>> = groups.iter().filter(|g| cm.hybrid_applies(&weights(g), par)).collect();
