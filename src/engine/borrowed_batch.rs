@@ -51,9 +51,10 @@ impl ContextRef<'_> {
         if let Some(&bad) = tokens.iter().find(|&&t| t < 0 || t >= n_vocab) {
             return Err(EngineError::TokenOutOfRange { token: bad, n_vocab });
         }
-        // SAFETY: a batch of `n` tokens with one sequence id each, filled
-        // within its size.
+        // SAFETY: a batch of `n` tokens with one sequence id each.
         let mut batch = Batch(unsafe { ffi::llama_batch_init(n as i32, 0, 1) });
+        // SAFETY: `n` tokens written into a batch of `n`; a live context,
+        // used by nobody else during the calls; waits for the decode's work.
         unsafe {
             for (s, &t) in tokens.iter().enumerate() {
                 *batch.0.token.add(s) = t;
