@@ -866,3 +866,64 @@ fn a_session_tunes_its_split_before_a_server_serves() {
     assert_eq!(held.plan().hybrid_gpu_experts, launch.plan.hybrid_gpu_experts);
     assert_eq!(changed.lock().unwrap().len(), 1);
 }
+
+/// With several slots (`-np 2`, a KV stream per slot), the session then
+/// tunes the split of the step they decode together: a prompt in sequence
+/// 0, copied to sequence 1, then steps of one token of each, on real decode
+/// steps of the default model on the CPU. Both choices are in force and
+/// reported, one after the other, and every sequence is left empty.
+#[test]
+fn a_session_of_several_slots_tunes_the_step_they_decode_together() {
+    use pipeshard::engine::{self, Context, ContextParams, Model, ModelParams};
+    use pipeshard::launch::{Launch, ProcessOverhead, Session, SplitKnob, SplitSetting};
+
+    engine::init(None).unwrap();
+    let h200 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/h200-machine-profile.yaml");
+    let profile = MachineProfile::load(&h200).unwrap();
+    let info = r2();
+    let mut req = PlanRequest::new(4 * GIB, 2 * 4352);
+    req.workload.parallel = 2;
+    req.kv_unified = false;
+    let plan = plan::make_plan(&info, &profile, &req).unwrap();
+    let knob = SplitKnob::of(&plan, info.n_expert_used, false).expect("a split to tune");
+    let launch = Launch {
+        budget: plan.vram.budget,
+        overhead: ProcessOverhead::for_machine(Some(&profile), 4352),
+        replan: None,
+        split_knob: Some(knob),
+        plan,
+    };
+    let changed: Arc<Mutex<Vec<(u32, u32)>>> = Arc::default();
+    let mut served = Session::new(&launch);
+    let c = Arc::clone(&changed);
+    served.on_plan_changed(Arc::new(move |p: &Plan, _| {
+        c.lock().unwrap().push((p.hybrid_gpu_experts, p.batch_gpu_experts))
+    }));
+    let model = Model::load(
+        &common::default_model_path(),
+        ModelParams {
+            n_gpu_layers: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let cp = ContextParams {
+        n_ctx: 1024,
+        n_seq_max: 2,
+        kv_unified: false,
+        ..Default::default()
+    };
+    served.tune_before_serving(&cp);
+    let mut ctx = Context::new(&model, cp.clone()).unwrap();
+    served.between_batches(ctx.context_ref());
+    assert!(!served.tune_pending());
+    let p = served.plan();
+    let changed = changed.lock().unwrap();
+    assert_eq!(changed.len(), 2, "{changed:?}");
+    assert_eq!(changed[1], (p.hybrid_gpu_experts, p.batch_gpu_experts));
+    assert!(p.batch_gpu_experts < info.n_expert_used);
+    assert!(matches!(knob.planned(), SplitSetting::Experts(_)));
+    for s in 0..2 {
+        assert_eq!(ctx.seq_pos_max(s), -1, "the tuning's cells of sequence {s} are removed");
+    }
+}

@@ -12,6 +12,7 @@
 //! ```
 
 mod backend;
+mod borrowed_batch;
 mod context;
 mod cuda_limits;
 mod error;

@@ -21,6 +21,7 @@ mod options;
 mod overhead;
 mod session;
 pub mod tune;
+pub mod tune_batch;
 mod vision;
 
 pub use check::{dry_run_bytes, llama_device_bytes, make_measured_plan, verify, warm_up, LoadedMemory};

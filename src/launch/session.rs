@@ -16,6 +16,7 @@ use std::sync::Arc;
 use super::decode::Decoding;
 use super::live::{self, EngineMoves, Follower, Hooks};
 use super::tune::{self, SplitKnob};
+use super::tune_batch;
 use super::{Launch, LaunchError};
 use crate::engine::{Context, ContextParams, ContextRef};
 use crate::plan::{Plan, PolicySwitch};
@@ -44,6 +45,10 @@ pub struct Session {
     pub(super) phase: Phase,
     /// The decode split the plan leaves open, until it is tuned.
     pub(super) split_knob: Option<SplitKnob>,
+    /// The split of the ubatch several sequences decode together (its
+    /// tokens, and the knob), until it is tuned
+    /// ([`tune_batch::tune_served_batch`]).
+    pub(super) batch_knob: Option<(u32, SplitKnob)>,
     /// The decode split to tune before a server's first request: the
     /// context's streaming slots and routed threshold, set again to
     /// rebuild its graphs.
@@ -62,6 +67,7 @@ impl Session {
             switch: PolicySwitch::new(&launch.plan),
             phase: Phase::Prompt,
             split_knob: launch.split_knob,
+            batch_knob: launch.split_knob.and_then(|k| tune_batch::batch_knob(k, &launch.plan)),
             served_tune: None,
             follower: None,
             plan_changed: None,
@@ -172,6 +178,7 @@ impl Session {
     pub fn between_batches(&mut self, mut ctx: ContextRef<'_>) {
         if let Some(stream) = self.served_tune.take() {
             self.tune_served(ctx.reborrow(), stream);
+            self.tune_served_batch(ctx.reborrow(), stream);
         }
         if let Some(f) = &self.follower {
             if let Some(Ok(_)) = f.between_batches(&mut EngineMoves { ctx }) {
@@ -199,6 +206,35 @@ impl Session {
                 self.switch.switch(&self.plan);
                 if !ctx.seq0().seq_rm(-1, -1) {
                     tracing::warn!("decode split: the tuning's cells of sequence 0 could not be removed");
+                }
+                ctx.set_stream_slots(stream.0, stream.1);
+            }
+        }
+    }
+
+    /// [`tune_batch::tune_served_batch`] after the single-token split,
+    /// reported where it chose. A tuner that fails (a panic, caught here)
+    /// leaves the plan in force, and every sequence empty.
+    fn tune_served_batch(&mut self, mut ctx: ContextRef<'_>, stream: (u32, u32)) {
+        let tuned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tune_batch::tune_served_batch(self, ctx.reborrow(), stream)
+        }));
+        match tuned {
+            Ok(Some(_)) => {
+                if let Some(f) = &self.plan_changed {
+                    f(&self.plan, self.launch.budget);
+                }
+            }
+            Ok(None) => {}
+            Err(_) => {
+                tracing::warn!(
+                    "decode split of several sequences: not tuned, the tuner failed; the plan's setting is in force"
+                );
+                self.switch.switch(&self.plan);
+                for s in 0..ctx.n_seq_max() as i32 {
+                    if !ctx.seq_rm(s, 0, -1) {
+                        tracing::warn!("sequence {s} could not be emptied after the failed tuning");
+                    }
                 }
                 ctx.set_stream_slots(stream.0, stream.1);
             }

@@ -544,9 +544,9 @@ impl std::fmt::Display for SplitTuning {
 /// Decode steps run after a setting is put in force before timing: the
 /// first builds, splits and reserves the graph again, the next let the
 /// CUDA backend capture its graph again.
-const SETTLE_STEPS: usize = 3;
+pub(super) const SETTLE_STEPS: usize = 3;
 /// Decode steps timed per setting (their median is its time).
-const TIMED_STEPS: usize = 8;
+pub(super) const TIMED_STEPS: usize = 8;
 
 /// What a split search measures on: a loaded context in `run` and `bench`
 /// ([`tune_split`]), recorded step times in tests.
@@ -717,7 +717,9 @@ impl SplitProbe for Seq0Probe<'_, '_> {
 /// Median seconds of `step(i, token)` (decode step `i` of `token`, waited
 /// for; returns the next token) over [`TIMED_STEPS`], after
 /// [`SETTLE_STEPS`].
-fn time_each_step(mut step: impl FnMut(u32, Token) -> Result<Token, LaunchError>) -> Result<f64, LaunchError> {
+pub(super) fn time_each_step(
+    mut step: impl FnMut(u32, Token) -> Result<Token, LaunchError>,
+) -> Result<f64, LaunchError> {
     let mut times = Vec::with_capacity(TIMED_STEPS);
     let mut tok: Token = 1;
     for i in 0..SETTLE_STEPS + TIMED_STEPS {
@@ -747,11 +749,11 @@ pub fn median(v: &mut [f64]) -> f64 {
 /// The depth of the prompt a server's tuning decodes before its steps:
 /// the reference prompt's (4096 tokens), at most what sequence 0 holds, so
 /// that the search's time stays bounded for long contexts.
-const SERVED_DEPTH: u32 = 4096;
+pub(super) const SERVED_DEPTH: u32 = 4096;
 /// The longest a server's search runs before it chooses among the settings
 /// measured: R1 at 2 GiB on an H200 host measures ~24 settings of 11 steps
 /// at ~40 ms each, ~11 s.
-const SERVED_LIMIT: Duration = Duration::from_secs(60);
+pub(super) const SERVED_LIMIT: Duration = Duration::from_secs(60);
 
 /// Choose `session`'s decode split on a server's context `ctx` before it
 /// serves a request, as [`tune_split`] does for `run` and `bench`: a

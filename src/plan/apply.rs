@@ -147,13 +147,23 @@ pub fn policies(plan: &Plan) -> Policies {
         })
         .collect();
     let gpu_experts = plan.hybrid_gpu_experts;
-    let moe_split: Option<MoeSplitPolicy> = (gpu_experts > 0 && !hybrid.is_empty()).then(|| {
+    // The decode ubatch of several sequences has a share of its own, in
+    // every layer that splits in some tier (the tuner may split it where
+    // the plan streams that ubatch's experts).
+    let batch = plan.workload.decode_tokens();
+    let batch = (batch > 1).then(|| {
+        let layers: HashSet<u32> = hybrid.iter().map(|&(_, l)| l).collect();
+        (batch, plan.batch_gpu_experts, layers)
+    });
+    let batch_k = batch.as_ref().map_or(0, |b| b.1);
+    let moe_split: Option<MoeSplitPolicy> = ((gpu_experts > 0 || batch_k > 0) && !hybrid.is_empty()).then(|| {
         let tier_of = tier_of.clone();
         Arc::new(move |layer: u32, n_tokens: u32| {
-            if hybrid.contains(&(tier_of(n_tokens.max(1)), layer)) {
-                gpu_experts
-            } else {
-                0
+            let tier = tier_of(n_tokens.max(1));
+            match &batch {
+                Some((b, k, layers)) if tier == *b => u32::from(layers.contains(&layer)) * k,
+                _ if hybrid.contains(&(tier, layer)) => gpu_experts,
+                _ => 0,
             }
         }) as MoeSplitPolicy
     });
@@ -163,12 +173,17 @@ pub fn policies(plan: &Plan) -> Policies {
         .filter(|t| !t.resident)
         .map(|t| (t.name.clone(), t.exec.clone()))
         .collect();
+    // Hybrid layers of the several sequences' ubatch with no GPU share
+    // there stream their experts, as they do unsplit in that tier.
+    let unsplit_batch =
+        (plan.workload.decode_tokens() > 1 && plan.batch_gpu_experts == 0).then_some(plan.workload.decode_tokens());
     let offload: OffloadPolicy = Arc::new(move |q: &OffloadQuery<'_>| {
         let Some(per_tier) = execs.get(q.weight) else {
             return Offload::Default;
         };
         let tier = tier_of(q.n_tokens.max(1) as u32);
         match per_tier.iter().find(|(t, _)| *t == tier).map(|(_, e)| *e) {
+            Some(Exec::Hybrid) if unsplit_batch == Some(tier) => Offload::Gpu,
             Some(Exec::Stream) => Offload::Gpu,
             // A hybrid layer's or a split weight's GPU and CPU parts are
             // placed by the graph itself; the CPU is where the weights are.

@@ -52,6 +52,10 @@ pub struct Evaluator {
     /// The hybrid layers of single-token decode: their expert tensors, and
     /// their parts for each share the GPU may take.
     hybrid: Vec<HybridLayer>,
+    /// How many of each token's routed experts the hybrid layers of the
+    /// decode ubatch of several sequences run on the GPU (0: none is
+    /// hybrid there).
+    batch_k: u32,
     /// The expert cache in single-token decode, where it is priced.
     cache: Option<CachePricing>,
     /// Per tensor: its row split's parts in single-token decode (patch
@@ -234,6 +238,7 @@ impl Evaluator {
         let mut unsplit = vec![vec![None; tensors.len()]; sizes.len()];
         let mut hybrid_k = 0;
         let mut hybrid = Vec::new();
+        let mut groups = Vec::new();
         for l in 0..model.n_layer {
             let group: Vec<usize> = (0..tensors.len())
                 .filter(|&k| {
@@ -247,6 +252,7 @@ impl Evaluator {
             for &k in &group {
                 siblings[k] = group.iter().copied().filter(|&j| j != k).collect();
             }
+            groups.push(group.clone());
             let weights: Vec<_> = group.iter().map(|&k| &model.tensors[tensors[k]]).collect();
             // Only single-token decode splits: the plan has one GPU share.
             let si = single;
@@ -282,6 +288,11 @@ impl Evaluator {
             }
             hybrid.push(HybridLayer { group, shares });
         }
+        let batch_k = if decode == single {
+            0
+        } else {
+            batch_hybrid(model, cm, &tensors, &groups, decode, par, &mut times, &mut unsplit)
+        };
         // Dense row split: in single-token decode a host feed-forward weight
         // may give a share of its rows to the GPU, which streams them while
         // the CPU computes the others. The share is one for the whole step,
@@ -407,6 +418,7 @@ impl Evaluator {
             siblings,
             hybrid_k,
             hybrid,
+            batch_k,
             cache: None,
             split,
             whole,
@@ -719,6 +731,20 @@ impl Evaluator {
         }
     }
 
+    /// How many of each token's routed experts hybrid layers run on the
+    /// GPU in the decode ubatch of several sequences under `resident`; 0 if
+    /// none is hybrid there (or one sequence decodes).
+    pub fn batch_gpu_experts(&self, resident: &[bool]) -> u32 {
+        let (si, share) = (self.decode, 0.0);
+        let hybrid = self.decode != self.single
+            && (0..self.tensors.len()).any(|k| self.exec(k, si, resident, share) == Exec::Hybrid);
+        if hybrid {
+            self.batch_k
+        } else {
+            0
+        }
+    }
+
     /// Seconds one ubatch of size index `si` takes under `resident`
     /// (excluding attention), with device switches and every layer's small
     /// ops; and the seconds its
@@ -891,6 +917,74 @@ impl Evaluator {
                 .unwrap_or(0)
         };
         self.exec(k, si, resident, split_share)
+    }
+}
+
+/// A tensor's times at one size, as [`Evaluator`]'s `times` holds them.
+type OpTimes = (f64, Exec, f64, f64);
+/// A tensor's exec alone, its seconds and link seconds.
+type HostExec = (Exec, f64, f64);
+
+/// Hybrid experts in the decode ubatch of `par` sequences decoding
+/// together (size index `decode`): each token's first `k` routed experts on
+/// the GPU, which copies the union of the experts they route to over the
+/// tokens, the others on the CPU beside it ([`CostModel::hybrid_parts`] at
+/// `par` tokens; no cache hits, as the step routes more experts than the
+/// cache holds). One share for every layer, the one that makes the step
+/// fastest with each layer split only where that beats its execs there
+/// (streaming every routed expert of the step); those layers' tensors run
+/// [`Exec::Hybrid`] in `times`, their execs alone kept in `unsplit`. The
+/// share, or 0 where no layer splits.
+///
+/// With the calibrated routing of `moe-routing.md` four sequences route to
+/// nearly four times one token's experts: on an H200 host R2's 4-token step
+/// streaming them took 95 ms, four times the single-token hybrid step, so
+/// four clients decoded 42.6 tok/s in total against one's 40 (call
+/// 2026-11-29-j, server-np4).
+#[allow(clippy::too_many_arguments)]
+fn batch_hybrid(
+    model: &ModelInfo,
+    cm: &CostModel<'_>,
+    tensors: &[usize],
+    groups: &[Vec<usize>],
+    decode: usize,
+    par: u64,
+    times: &mut [Vec<OpTimes>],
+    unsplit: &mut [Vec<Option<HostExec>>],
+) -> u32 {
+    let weights = |g: &[usize]| g.iter().map(|&k| &model.tensors[tensors[k]]).collect::<Vec<_>>();
+    let layers: Vec<&Vec<usize>> = groups.iter().filter(|g| cm.hybrid_applies(&weights(g), par)).collect();
+    let at = &times[decode];
+    let host: Vec<f64> = layers
+        .iter()
+        .map(|g| g.iter().map(|&k| at[k].2.max(at[k].3)).sum())
+        .collect();
+    let split = |g: &[usize], k: u32| cm.hybrid_parts(&weights(g), par, k).seconds(0.0);
+    let step = |k: u32| -> f64 { layers.iter().zip(&host).map(|(g, &h)| split(g, k).min(h)).sum() };
+    let Some(k) = cm
+        .hybrid_shares()
+        .into_iter()
+        .min_by(|&a, &b| step(a).total_cmp(&step(b)))
+    else {
+        return 0;
+    };
+    let mut any = false;
+    for (g, h) in layers.into_iter().zip(host) {
+        let secs = split(g, k);
+        if secs >= h {
+            continue;
+        }
+        any = true;
+        for &j in g.iter() {
+            let (r, e, h, link) = times[decode][j];
+            unsplit[decode][j] = Some((e, h, link));
+            times[decode][j] = (r, Exec::Hybrid, secs / g.len() as f64, 0.0);
+        }
+    }
+    if any {
+        k
+    } else {
+        0
     }
 }
 

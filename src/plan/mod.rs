@@ -363,6 +363,13 @@ pub struct Plan {
     /// tensors run [`Exec::Hybrid`]; 0 if none does.
     #[serde(default)]
     pub hybrid_gpu_experts: u32,
+    /// Hybrid experts in the decode ubatch of several sequences decoding
+    /// together (the tier of [`Workload::decode_tokens`] tokens, one of each
+    /// sequence): how many of each token's routed experts the GPU computes
+    /// there, in the layers that split in some tier; 0 if none splits
+    /// there (each weight runs as its exec in that tier says).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub batch_gpu_experts: u32,
     /// Dense row split in the decode tier (patch 0017): the share of the
     /// rows of the weights that run [`Exec::Split`] the GPU computes; 0 if
     /// none does.
@@ -538,6 +545,10 @@ pub(crate) fn is_dense_ffn(role: &str) -> bool {
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
+}
+
+fn is_zero_u32(x: &u32) -> bool {
+    *x == 0
 }
 
 /// Human-readable bytes (GiB/MiB).

@@ -306,6 +306,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                 // 0 with synchronous copies (routed_max_tokens is 0 then).
                 stream_routed_max: (cm.routed_max_tokens * model.n_expert_used as u64).min(u32::MAX as u64) as u32,
                 hybrid_gpu_experts: ev.hybrid_gpu_experts(&resident),
+                batch_gpu_experts: ev.batch_gpu_experts(&resident),
                 row_split_share: share,
                 row_split_down_whole: false,
                 exact: req.exact,
@@ -462,7 +463,10 @@ const HOST_MARGIN: u64 = 2 << 30;
 /// with [`HOST_MARGIN`] to spare. The CPU's repacked kernels ran its share
 /// of an R2 layer's experts 1.3-1.7x as fast (CHANGELOG.md, session 17).
 fn cpu_weight_copies(req: &PlanRequest, plan: &Plan) -> bool {
-    if !req.cpu_copies || plan.exact || (plan.hybrid_gpu_experts == 0 && plan.row_split_share <= 0.0) {
+    if !req.cpu_copies
+        || plan.exact
+        || (plan.hybrid_gpu_experts == 0 && plan.batch_gpu_experts == 0 && plan.row_split_share <= 0.0)
+    {
         return false;
     }
     let copies = plan.cpu_copy_bytes();

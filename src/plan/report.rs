@@ -132,6 +132,15 @@ fn table(plan: &Plan) -> String {
             plan.hybrid_gpu_experts
         );
     }
+    if plan.batch_gpu_experts > 0 {
+        let _ = writeln!(
+            s,
+            "hybrid experts of {} sequences decoding together: the GPU copies and computes {} of each token's routed experts in the layers marked hybrid at n={}, while the CPU computes the others",
+            plan.workload.decode_tokens(),
+            plan.batch_gpu_experts,
+            plan.workload.decode_tokens()
+        );
+    }
     if let Some(c) = &plan.expert_cache {
         let _ = writeln!(
             s,

@@ -133,6 +133,7 @@ impl Reports {
                 "stream_slots": p.stream_slots,
                 "stream_routed_max": p.stream_routed_max,
                 "hybrid_gpu_experts": p.hybrid_gpu_experts,
+                "batch_gpu_experts": p.batch_gpu_experts,
                 "row_split_share": p.row_split_share,
                 "resident_bytes": p.resident_bytes(),
                 "vram": p.vram,
