@@ -59,7 +59,10 @@ fn no_upstream_function_is_edited_by_two_series() {
         .and_then(|(_, rest)| rest.split_whitespace().next())
         .and_then(|n| n.parse::<usize>().ok())
         .unwrap_or_else(|| panic!("no count of shared functions in:\n{stdout}"));
-    assert_eq!(shared, 0, "upstream functions edited by more than one series:\n{stdout}");
+    assert_eq!(
+        shared, 0,
+        "upstream functions edited by more than one series:\n{stdout}"
+    );
 }
 
 #[test]
