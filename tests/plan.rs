@@ -1777,4 +1777,20 @@ fn r1_decode_predictions_within_20_percent_of_the_h200_host() {
             "{quant:?}: {predicted:.1} vs {measured}"
         );
     }
+    // The planner's own split: ffn_down streamed whole, as the decode
+    // tuner chose on that host (call 2026-11-29-j: Q4_0 with 2.5% of up
+    // and gate on the GPU, 27.0 tok/s, tR1; Q4_K_M with 10%, 23.9, tR1k).
+    // Priced as the longer of the CPU's work and the link's, Q4_K_M was
+    // predicted at 29.8.
+    for (quant, measured) in [(Quant::Q4_0, 27.0), (Quant::Q4_K_M, 23.9)] {
+        let info = synth::model_info("llama3.1-8b", quant).unwrap();
+        let p = plan::make_plan(&info, &profile, &PlanRequest::new(2 * GIB, 4352)).unwrap();
+        let predicted = predicted_decode(&p);
+        eprintln!("R1 {quant:?} planned: predicted {predicted:.1}, measured {measured}");
+        assert!(p.row_split_down_whole, "{quant:?}");
+        assert!(
+            (predicted / measured - 1.0).abs() <= 0.2,
+            "{quant:?}: {predicted:.1} vs {measured}"
+        );
+    }
 }

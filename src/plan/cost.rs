@@ -677,6 +677,21 @@ impl<'a> CostModel<'a> {
         }
     }
 
+    /// Host memory's seconds per second of the CPU's matvecs and per second
+    /// of the link's copies, when both read it together at
+    /// [`MachineProfile::host_read_bw_with_link`]: the CPU reads at the rate
+    /// of `parts` (the row-split weights'), the link at its own. A step with
+    /// `c` seconds of CPU work and `l` of copies takes at least `c * a + l *
+    /// b`. None where the profile has no such figure.
+    pub fn host_memory_shares(&self, parts: &SplitParts) -> Option<(f64, f64)> {
+        match self.profile.host_read_bw_with_link {
+            Some(total) if total > 0.0 && parts.cpu > 0.0 && parts.bytes > 0.0 => {
+                Some((parts.bytes / parts.cpu / total, self.link_bw() / total))
+            }
+            _ => None,
+        }
+    }
+
     /// The cheaper of streaming and CPU for a host weight, judged op by op
     /// (a pipelined copy counts in full here: the link is shared).
     pub fn best_host_exec(&self, t: &ModelTensor, n: u64) -> (Exec, f64) {
