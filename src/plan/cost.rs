@@ -191,6 +191,25 @@ pub struct Overheads {
     /// 41 µs per recurrent layer.
     #[serde(default = "default_recurrent_layer_s")]
     pub recurrent_layer_s: f64,
+    /// Seconds per ubatch that a routed-expert tensor with a bias (gpt-oss)
+    /// adds to the CPU's part of a hybrid split ([`CostModel::hybrid_parts`])
+    /// beyond its samples, and to the GPU's: the bias is added where its
+    /// layer runs (the GPU), so each of the layer's three expert matmuls
+    /// hands the CPU's rows over and back before the next starts, where an
+    /// unbiased layer (Qwen3-MoE) chains its CPU part. On the H200 host the decode tuner's probes of R3
+    /// (gpt-oss-20b MXFP4 at 4 GiB, calibrated routing, no expert cache:
+    /// see [`experts_cacheable`]) took 34.88, 32.27 and 34.97 ms per step
+    /// with 3 of 4 experts on the GPU (calls 2026-11-29-g R3-cal-1, -h
+    /// R3-timing, -j R3-free), where the samples priced 27.3 ms: 7.6 ms
+    /// over 24 layers of 3 biased expert tensors, 105 µs each. R2 and R4
+    /// (unbiased) are priced within 10% of their measured hybrid decode
+    /// (calls 2026-11-29-i, -j).
+    #[serde(default = "default_hybrid_bias_s")]
+    pub hybrid_bias_s: f64,
+}
+
+fn default_hybrid_bias_s() -> f64 {
+    105e-6
 }
 
 fn default_cpu_experts_layer_s() -> f64 {
@@ -233,6 +252,7 @@ impl Default for Overheads {
             decode_tier_layer_s: default_decode_tier_layer_s(),
             cpu_experts_layer_s: default_cpu_experts_layer_s(),
             recurrent_layer_s: default_recurrent_layer_s(),
+            hybrid_bias_s: default_hybrid_bias_s(),
         }
     }
 }
@@ -285,6 +305,27 @@ pub fn is_placeable(t: &ModelTensor) -> bool {
         return t.nbytes > UNKNOWN_RESIDENT_MAX;
     }
     t.dims.len() >= 2 && !t.is_bias() && !matches!(t.role, TensorRole::TokenEmbd | TensorRole::SsmConv) && t.dims[1] > 1
+}
+
+/// Whether the scheduler may keep `model`'s routed experts in its expert
+/// cache (patch 0055): not where they carry biases (gpt-oss). The bias add
+/// (ADD_ID) reads the router's ids after the first routed split, and the
+/// cache rewrites those ids to positions in its regions, so the scheduler
+/// streams every routed split through the slots instead ("the ids are read
+/// after the first routed split"). Priced as cached, R3 (gpt-oss-20b MXFP4
+/// at 4 GiB) was predicted at 54.5-59.8 tok/s with 3 GPU experts and
+/// decoded 28-30 on the H200 host, and its decode with 0 GPU experts and
+/// the prompt's compute buffers left to the cache took 33.9 ms per step
+/// where the plan made at 0, whose decode tier holds two layers' experts
+/// instead, took 27 ms (calls 2026-11-29-g, -h, -j).
+pub fn experts_cacheable(model: &ModelInfo) -> bool {
+    !model.tensors.iter().any(|b| {
+        b.is_bias()
+            && model
+                .tensors
+                .iter()
+                .any(|t| t.holds_routed_experts() && t.name.strip_suffix(".weight") == b.name.strip_suffix(".bias"))
+    })
 }
 
 /// Whether a placeable tensor stays in host memory whatever the budget: one
@@ -501,13 +542,29 @@ impl<'a> CostModel<'a> {
             cpu: 2.0 * self.overheads.device_switch_s,
         };
         for t in experts {
+            // The bias's handovers hold both parts.
+            let bias = if self.has_bias(t) {
+                self.overheads.hybrid_bias_s
+            } else {
+                0.0
+            };
             p.copies += t.nbytes as f64 * touched / bw;
-            p.gpu += self.overheads.stream_issue_s + self.experts_seconds(t, n, Device::Gpu, k as u64);
+            p.gpu += self.overheads.stream_issue_s + bias + self.experts_seconds(t, n, Device::Gpu, k as u64);
             p.cpu += self.overheads.stream_issue_s
+                + bias
                 + self.overheads.hybrid_cpu_contention
                     * self.experts_seconds(t, n, Device::Cpu, used.saturating_sub(k as u64).max(1));
         }
         p
+    }
+
+    /// Whether the model holds a bias for weight `t` (`<stem>.bias` beside
+    /// `<stem>.weight`).
+    fn has_bias(&self, t: &ModelTensor) -> bool {
+        t.name.strip_suffix(".weight").is_some_and(|stem| {
+            let bias = format!("{stem}.bias");
+            self.model.tensors.iter().any(|b| b.name == bias)
+        })
     }
 
     /// The shares of each token's experts the GPU may compute in a hybrid
@@ -617,6 +674,21 @@ impl<'a> CostModel<'a> {
                 ((total - link_bw) / cpu_bw).clamp(0.05, 1.0)
             }
             _ => 1.0,
+        }
+    }
+
+    /// Host memory's seconds per second of the CPU's matvecs and per second
+    /// of the link's copies, when both read it together at
+    /// [`MachineProfile::host_read_bw_with_link`]: the CPU reads at the rate
+    /// of `parts` (the row-split weights'), the link at its own. A step with
+    /// `c` seconds of CPU work and `l` of copies takes at least `c * a + l *
+    /// b`. None where the profile has no such figure.
+    pub fn host_memory_shares(&self, parts: &SplitParts) -> Option<(f64, f64)> {
+        match self.profile.host_read_bw_with_link {
+            Some(total) if total > 0.0 && parts.cpu > 0.0 && parts.bytes > 0.0 => {
+                Some((parts.bytes / parts.cpu / total, self.link_bw() / total))
+            }
+            _ => None,
         }
     }
 

@@ -74,6 +74,9 @@ pub struct Evaluator {
     /// The CPU's speed beside the link's copies, relative to alone (see
     /// [`CostModel::cpu_rate_beside_copies`]), from the split weights.
     cpu_rate_beside_copies: f64,
+    /// Host memory's seconds per second of CPU work and of copies (see
+    /// [`CostModel::host_memory_shares`]), from the split weights.
+    host_memory: Option<(f64, f64)>,
     /// Per size: attention seconds summed over all chunks of that size.
     attention: Vec<f64>,
     /// Per size: of those, the seconds host KV cells are copied over the
@@ -359,6 +362,7 @@ impl Evaluator {
             a
         });
         let cpu_rate_beside_copies = cm.cpu_rate_beside_copies(&all_parts);
+        let host_memory = cm.host_memory_shares(&all_parts);
         // Where several sequences decode together and their ubatch copies
         // only the routed experts, each layer's router stays in host memory
         // and streams: on the H200, R2's 4-token step with the routers
@@ -425,6 +429,7 @@ impl Evaluator {
             split_forced: cm.dense_split.filter(|&f| f > 0.0).map(|f| f.min(1.0)),
             split_down_whole: cm.split_down_whole,
             cpu_rate_beside_copies,
+            host_memory,
             attention,
             attention_link,
             kv_gpu_from,
@@ -648,8 +653,23 @@ impl Evaluator {
             down_whole,
         );
         // Unsplit, up and gate run where they run alone: on the CPU, where
-        // none of them streams.
+        // none of them streams. Their reads and the link's copies of
+        // ffn_down share host memory: on the H200 host R1 Q4_K_M at 2 GiB
+        // took 41.0-42.5 ms per step with ffn_down whole and 5-10% of up
+        // and gate on the GPU, its CPU splits 27.5 ms of it (call
+        // 2026-11-29-j, tR1k), where the longer of the CPU's work and the
+        // link's alone priced 33.5 ms (29.8 tok/s, 23.9 measured); host
+        // memory serving both at `host_read_bw_with_link` prices 41.0 (24.4
+        // tok/s). Q4_0 at 2.5%: 26.9 tok/s, 27.0 measured (tR1).
         let on_cpu = sums.n > 0 && sums.alone.1 == 0.0;
+        let secs = match self.host_memory {
+            Some((a, b)) if down_whole && share == 0.0 && on_cpu => {
+                let cpu = sums.alone.0 + sums.cpu_other;
+                let copies = link + self.attention_link[si];
+                secs.max(cpu * a + copies * b)
+            }
+            _ => secs,
+        };
         let share = if down_whole && share == 0.0 && on_cpu {
             DOWN_WHOLE_LEAST_SHARE
         } else {

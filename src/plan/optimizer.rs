@@ -7,7 +7,7 @@
 //! and the configurations do not depend on the budget, so a bigger budget
 //! only adds candidates: it can never predict slower.
 
-use super::cost::{is_host_only, is_placeable, CostModel, Exec, Streaming};
+use super::cost::{experts_cacheable, is_host_only, is_placeable, CostModel, Exec, Streaming};
 use super::evaluate::Evaluator;
 use super::expert_cache::decode_room;
 use super::{kv_bytes, planned_compute, Plan, PlanError, PlanRequest, PlannedTensor, VramBreakdown};
@@ -47,7 +47,7 @@ fn cost_model<'a>(model: &'a ModelInfo, profile: &'a MachineProfile, req: &PlanR
     );
     cm.gpu_only = req.exact;
     cm.dense_split = req.dense_split;
-    cm.cache_locality = req.cache_locality;
+    cm.cache_locality = req.cache_locality.filter(|_| experts_cacheable(model));
     cm.kv_unified = req.kv_unified;
     cm
 }
