@@ -15,11 +15,14 @@ use std::sync::Arc;
 
 use super::decode::Decoding;
 use super::live::{self, EngineMoves, Follower, Hooks};
-use super::tune::{self, SplitKnob};
+use super::tune::{self, SplitKnob, SplitTuning};
 use super::tune_batch;
 use super::{Launch, LaunchError};
 use crate::engine::{Context, ContextParams, ContextRef};
 use crate::plan::{Plan, PolicySwitch};
+
+/// A tuner that runs before a server's first request.
+type ServedTuner = fn(&mut Session, ContextRef<'_>, (u32, u32)) -> Option<SplitTuning>;
 
 /// Called when another plan is in force, with the budget it was made for.
 pub type PlanChanged = Arc<dyn Fn(&Plan, u64) + Send + Sync>;
@@ -177,8 +180,13 @@ impl Session {
     /// copies are complete (patch 0028).
     pub fn between_batches(&mut self, mut ctx: ContextRef<'_>) {
         if let Some(stream) = self.served_tune.take() {
-            self.tune_served(ctx.reborrow(), stream);
-            self.tune_served_batch(ctx.reborrow(), stream);
+            self.tune_guarded(ctx.reborrow(), stream, "decode split", tune::tune_served);
+            self.tune_guarded(
+                ctx.reborrow(),
+                stream,
+                "decode split of several sequences",
+                tune_batch::tune_served_batch,
+            );
         }
         if let Some(f) = &self.follower {
             if let Some(Ok(_)) = f.between_batches(&mut EngineMoves { ctx }) {
@@ -187,13 +195,13 @@ impl Session {
         }
     }
 
-    /// [`tune::tune_served`], reported where it chose. A tuner that fails
-    /// (a panic, caught here) leaves the plan's own setting in force rather
-    /// than a probe's, and sequence 0 empty.
-    fn tune_served(&mut self, mut ctx: ContextRef<'_>, stream: (u32, u32)) {
-        let tuned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            tune::tune_served(self, ctx.reborrow(), stream)
-        }));
+    /// One of the tuners that run before the first request
+    /// ([`tune::tune_served`], [`tune_batch::tune_served_batch`]), reported
+    /// where it chose. A tuner that fails (a panic, caught here) leaves the
+    /// plan's own setting in force rather than a probe's, and every
+    /// sequence empty (they tune only while none holds cells).
+    fn tune_guarded(&mut self, mut ctx: ContextRef<'_>, stream: (u32, u32), what: &str, tune: ServedTuner) {
+        let tuned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tune(self, ctx.reborrow(), stream)));
         match tuned {
             Ok(Some(_)) => {
                 if let Some(f) = &self.plan_changed {
@@ -202,38 +210,11 @@ impl Session {
             }
             Ok(None) => {}
             Err(_) => {
-                tracing::warn!("decode split: not tuned, the tuner failed; the plan's setting is in force");
-                self.switch.switch(&self.plan);
-                if !ctx.seq0().seq_rm(-1, -1) {
-                    tracing::warn!("decode split: the tuning's cells of sequence 0 could not be removed");
-                }
-                ctx.set_stream_slots(stream.0, stream.1);
-            }
-        }
-    }
-
-    /// [`tune_batch::tune_served_batch`] after the single-token split,
-    /// reported where it chose. A tuner that fails (a panic, caught here)
-    /// leaves the plan in force, and every sequence empty.
-    fn tune_served_batch(&mut self, mut ctx: ContextRef<'_>, stream: (u32, u32)) {
-        let tuned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            tune_batch::tune_served_batch(self, ctx.reborrow(), stream)
-        }));
-        match tuned {
-            Ok(Some(_)) => {
-                if let Some(f) = &self.plan_changed {
-                    f(&self.plan, self.launch.budget);
-                }
-            }
-            Ok(None) => {}
-            Err(_) => {
-                tracing::warn!(
-                    "decode split of several sequences: not tuned, the tuner failed; the plan's setting is in force"
-                );
+                tracing::warn!("{what}: not tuned, the tuner failed; the plan's setting is in force");
                 self.switch.switch(&self.plan);
                 for s in 0..ctx.n_seq_max() as i32 {
                     if !ctx.seq_rm(s, 0, -1) {
-                        tracing::warn!("sequence {s} could not be emptied after the failed tuning");
+                        tracing::warn!("{what}: sequence {s} could not be emptied after the failed tuning");
                     }
                 }
                 ctx.set_stream_slots(stream.0, stream.1);
