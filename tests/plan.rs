@@ -1125,6 +1125,34 @@ fn the_first_ubatchs_mask_costs_what_patch_0032_leaves_of_it() {
     assert_eq!(p.ubatch, 4096);
 }
 
+/// The plan request of the server for R2 with four slots at 4 GiB (`-np 4
+/// -c 17408`, a KV stream per slot unless `kv_unified`), as the server hook
+/// makes it: the longest prompt a slot holds, and the compute reservation
+/// scaled as its dry run measured it on the H200 host (0.344).
+fn r2_four_slots_request(
+    info: &ModelInfo,
+    profile: &MachineProfile,
+    options: &launch::PipeshardOptions,
+    kv_unified: bool,
+) -> PlanRequest {
+    let cp = engine::ContextParams {
+        n_ctx: 17408,
+        n_seq_max: 4,
+        kv_unified,
+        flash_attention: engine::FlashAttention::On,
+        ..Default::default()
+    };
+    let workload = plan::Workload {
+        parallel: 4,
+        ..Default::default()
+    };
+    let mut req = launch::LaunchRequest::new(Path::new("m.gguf"), options, 16, workload).unwrap();
+    req.full_slot_prompt = true;
+    let mut pr = launch::plan_request(&req, info, &cp, 4 * GIB, profile).0;
+    pr.compute_scale = 0.344;
+    pr
+}
+
 /// llama-server's default layout for an explicit `-np 4` (a KV stream per
 /// slot) against `--kv-unified` (one stream), for issue 40's server case (R2
 /// at 4 GiB, `-c 17408`, the H200 host's profile): the same cache, each
@@ -1138,21 +1166,7 @@ fn four_slots_in_streams_of_their_own_plan_no_worse_than_one_unified_stream() {
     let info = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();
     let options = launch::PipeshardOptions::default();
     let plan_for = |kv_unified: bool| {
-        let cp = engine::ContextParams {
-            n_ctx: 17408,
-            n_seq_max: 4,
-            kv_unified,
-            flash_attention: engine::FlashAttention::On,
-            ..Default::default()
-        };
-        let workload = plan::Workload {
-            parallel: 4,
-            ..Default::default()
-        };
-        let mut req = launch::LaunchRequest::new(Path::new("m.gguf"), &options, 16, workload).unwrap();
-        req.full_slot_prompt = true;
-        let mut pr = launch::plan_request(&req, &info, &cp, 4 * GIB, &profile).0;
-        pr.compute_scale = 0.344;
+        let pr = r2_four_slots_request(&info, &profile, &options, kv_unified);
         (plan::make_plan(&info, &profile, &pr).unwrap(), pr)
     };
     let (split, split_req) = plan_for(false);
@@ -1316,21 +1330,7 @@ fn four_slots_split_the_experts_of_the_step_they_decode_together() {
     .expect("the committed H200 profile");
     let info = synth::model_info("qwen3-30b-a3b", Quant::Q4_0).unwrap();
     let options = launch::PipeshardOptions::default();
-    let cp = engine::ContextParams {
-        n_ctx: 17408,
-        n_seq_max: 4,
-        kv_unified: false,
-        flash_attention: engine::FlashAttention::On,
-        ..Default::default()
-    };
-    let workload = plan::Workload {
-        parallel: 4,
-        ..Default::default()
-    };
-    let mut req = launch::LaunchRequest::new(Path::new("m.gguf"), &options, 16, workload).unwrap();
-    req.full_slot_prompt = true;
-    let mut pr = launch::plan_request(&req, &info, &cp, 4 * GIB, &profile).0;
-    pr.compute_scale = 0.344;
+    let pr = r2_four_slots_request(&info, &profile, &options, false);
     let p = plan::make_plan(&info, &profile, &pr).unwrap();
     let k = p.batch_gpu_experts;
     assert!(k > 0 && k < info.n_expert_used, "{k}");
