@@ -319,13 +319,18 @@ pub fn is_placeable(t: &ModelTensor) -> bool {
 /// where the plan made at 0, whose decode tier holds two layers' experts
 /// instead, took 27 ms (calls 2026-11-29-g, -h, -j).
 pub fn experts_cacheable(model: &ModelInfo) -> bool {
-    !model.tensors.iter().any(|b| {
-        b.is_bias()
-            && model
-                .tensors
-                .iter()
-                .any(|t| t.holds_routed_experts() && t.name.strip_suffix(".weight") == b.name.strip_suffix(".bias"))
-    })
+    !model
+        .tensors
+        .iter()
+        .any(|t| t.holds_routed_experts() && has_bias(model, t))
+}
+
+/// Whether `model` holds a bias for weight `t` (`<stem>.bias` beside
+/// `<stem>.weight`).
+fn has_bias(model: &ModelInfo, t: &ModelTensor) -> bool {
+    t.name
+        .strip_suffix(".weight")
+        .is_some_and(|stem| model.tensors.iter().any(|b| b.name.strip_suffix(".bias") == Some(stem)))
 }
 
 /// Whether a placeable tensor stays in host memory whatever the budget: one
@@ -543,7 +548,7 @@ impl<'a> CostModel<'a> {
         };
         for t in experts {
             // The bias's handovers hold both parts.
-            let bias = if self.has_bias(t) {
+            let bias = if has_bias(self.model, t) {
                 self.overheads.hybrid_bias_s
             } else {
                 0.0
@@ -556,15 +561,6 @@ impl<'a> CostModel<'a> {
                     * self.experts_seconds(t, n, Device::Cpu, used.saturating_sub(k as u64).max(1));
         }
         p
-    }
-
-    /// Whether the model holds a bias for weight `t` (`<stem>.bias` beside
-    /// `<stem>.weight`).
-    fn has_bias(&self, t: &ModelTensor) -> bool {
-        t.name.strip_suffix(".weight").is_some_and(|stem| {
-            let bias = format!("{stem}.bias");
-            self.model.tensors.iter().any(|b| b.name == bias)
-        })
     }
 
     /// The shares of each token's experts the GPU may compute in a hybrid
