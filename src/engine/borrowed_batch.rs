@@ -7,7 +7,6 @@ use super::error::{EngineError, Result};
 use super::ffi;
 use super::migrate::ContextRef;
 use super::model::Token;
-use super::sampler::argmax;
 use super::seq0::Batch;
 
 impl ContextRef<'_> {
@@ -43,10 +42,7 @@ impl ContextRef<'_> {
     /// them.
     pub fn decode_each_seq(&mut self, tokens: &[Token], pos: i32) -> Result<()> {
         let n = tokens.len();
-        let (n_ctx, n_vocab) = {
-            let seq0 = self.seq0();
-            (seq0.n_ctx_seq(), seq0.n_vocab())
-        };
+        let (n_ctx, n_vocab) = (self.n_ctx_seq(), self.n_vocab());
         if n == 0 || n > self.n_seq_max() as usize || pos < 0 || pos as u32 >= n_ctx {
             return Err(EngineError::ContextOverflow {
                 n_tokens: pos.max(0) as usize + 1,
@@ -64,17 +60,5 @@ impl ContextRef<'_> {
         // SAFETY: a live context, used by nobody else during the call.
         unsafe { ffi::llama_synchronize(self.raw().as_ptr()) };
         Ok(())
-    }
-
-    /// The greedy token of output `i` of the last decode, where it has
-    /// logits (a context that samples on the backend may have none).
-    pub fn greedy_ith(&mut self, i: i32) -> Option<Token> {
-        let n_vocab = self.seq0().n_vocab().max(0) as usize;
-        // SAFETY: NULL for an output without logits, else n_vocab floats
-        // valid until the next decode.
-        unsafe {
-            let p = ffi::llama_get_logits_ith(self.raw().as_ptr(), i);
-            (!p.is_null()).then(|| argmax(std::slice::from_raw_parts(p, n_vocab)))
-        }
     }
 }

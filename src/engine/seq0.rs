@@ -144,14 +144,12 @@ impl<'a> Seq0<'a> {
 
     /// Cells of one sequence's KV stream.
     pub fn n_ctx_seq(&self) -> u32 {
-        // SAFETY: a live context; plain query.
-        unsafe { ffi::llama_n_ctx_seq(self.raw()) }
+        n_ctx_seq(self.ctx)
     }
 
     /// Tokens of the model's vocabulary.
     pub fn n_vocab(&self) -> i32 {
-        // SAFETY: a live model and its vocabulary; plain query.
-        unsafe { ffi::llama_vocab_n_tokens(ffi::llama_model_get_vocab(self.model())) }
+        n_vocab(self.ctx)
     }
 
     /// Decode `tokens` from position `pos`, in batches of the context's
@@ -212,13 +210,7 @@ impl<'a> Seq0<'a> {
         if let Some(t) = self.sampled(i) {
             return Some(t);
         }
-        // SAFETY: NULL for an output without logits, else n_vocab floats
-        // valid until the next decode.
-        unsafe {
-            let p = ffi::llama_get_logits_ith(self.raw(), i);
-            let n_vocab = self.n_vocab().max(0) as usize;
-            (!p.is_null()).then(|| argmax(std::slice::from_raw_parts(p, n_vocab)))
-        }
+        logits_argmax(self.ctx, i)
     }
 
     /// Remove positions `[p0, p1)` (-1: open end); false where the memory
@@ -305,7 +297,49 @@ impl<'a> Seq0<'a> {
     }
 }
 
+/// Cells of one sequence's KV stream of `ctx`.
+fn n_ctx_seq(ctx: NonNull<ffi::llama_context>) -> u32 {
+    // SAFETY: a live context; plain query.
+    unsafe { ffi::llama_n_ctx_seq(ctx.as_ptr()) }
+}
+
+/// Tokens of the vocabulary of `ctx`'s model.
+fn n_vocab(ctx: NonNull<ffi::llama_context>) -> i32 {
+    // SAFETY: a live context, whose model and vocabulary outlive it; plain
+    // queries.
+    unsafe { ffi::llama_vocab_n_tokens(ffi::llama_model_get_vocab(ffi::llama_get_model(ctx.as_ptr()))) }
+}
+
+/// The [`argmax`] of the logits of `ctx`'s `i`-th output of the last batch
+/// (-1: the last one), waited for; `None` where it has none.
+fn logits_argmax(ctx: NonNull<ffi::llama_context>, i: i32) -> Option<Token> {
+    let n = n_vocab(ctx).max(0) as usize;
+    // SAFETY: NULL for an output without logits, else n_vocab floats valid
+    // until the next decode.
+    unsafe {
+        let p = ffi::llama_get_logits_ith(ctx.as_ptr(), i);
+        (!p.is_null()).then(|| argmax(std::slice::from_raw_parts(p, n)))
+    }
+}
+
 impl ContextRef<'_> {
+    /// Cells of one sequence's KV stream.
+    pub fn n_ctx_seq(&self) -> u32 {
+        n_ctx_seq(self.raw())
+    }
+
+    /// Tokens of the model's vocabulary.
+    pub fn n_vocab(&self) -> i32 {
+        n_vocab(self.raw())
+    }
+
+    /// The greedy token of output `i` of the last decode, the argmax of its
+    /// logits, where it has logits (a context that samples on the backend
+    /// may have none).
+    pub fn greedy_ith(&mut self, i: i32) -> Option<Token> {
+        logits_argmax(self.raw(), i)
+    }
+
     /// Its sequence 0, decoded through a batch of the context's `n_batch`
     /// tokens; the greedy token is the logits' (backend sampling here is
     /// upstream's, not necessarily greedy).

@@ -62,7 +62,7 @@ pub fn tune_served_batch(session: &mut Session, mut ctx: ContextRef<'_>, stream:
     let held = (0..ctx.n_seq_max() as i32).any(|s| ctx.seq_pos_max(s) >= 0);
     let depth = SERVED_DEPTH
         .min(session.plan.workload.prompt_tokens.min(u32::MAX as u64) as u32)
-        .min(ctx.seq0().n_ctx_seq().saturating_sub(steps));
+        .min(ctx.n_ctx_seq().saturating_sub(steps));
     if held || depth == 0 || ctx.n_seq_max() < n {
         tracing::info!(
             "decode split of {n}-token steps: not tuned (a sequence holds cells, or the context is too small); the plan's {} stays",
@@ -75,7 +75,7 @@ pub fn tune_served_batch(session: &mut Session, mut ctx: ContextRef<'_>, stream:
         knob.planned(),
         SERVED_LIMIT.as_secs()
     );
-    let n_vocab = ctx.seq0().n_vocab().max(2) as u64;
+    let n_vocab = ctx.n_vocab().max(2) as u64;
     let prompt: Vec<Token> = (0..depth as u64)
         .map(|i| ((i * 7919 + 1) % (n_vocab - 1)) as Token)
         .collect();
