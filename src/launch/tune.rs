@@ -755,6 +755,15 @@ pub(super) const SERVED_DEPTH: u32 = 4096;
 /// at ~40 ms each, ~11 s.
 pub(super) const SERVED_LIMIT: Duration = Duration::from_secs(60);
 
+/// The synthetic prompt of `depth` tokens that a server's tuning decodes
+/// before its steps: tokens spread over a vocabulary of `n_vocab`.
+pub(super) fn served_prompt(depth: u32, n_vocab: i32) -> Vec<Token> {
+    let n_vocab = n_vocab.max(2) as u64;
+    (0..depth as u64)
+        .map(|i| ((i * 7919 + 1) % (n_vocab - 1)) as Token)
+        .collect()
+}
+
 /// Choose `session`'s decode split on a server's context `ctx` before it
 /// serves a request, as [`tune_split`] does for `run` and `bench`: a
 /// synthetic prompt of sequence 0 ([`SERVED_DEPTH`] tokens at most), then
@@ -788,10 +797,7 @@ pub fn tune_served(session: &mut Session, mut ctx: ContextRef<'_>, stream: (u32,
         knob.planned(),
         SERVED_LIMIT.as_secs()
     );
-    let n_vocab = seq0.n_vocab().max(2) as u64;
-    let prompt: Vec<Token> = (0..depth as u64)
-        .map(|i| ((i * 7919 + 1) % (n_vocab - 1)) as Token)
-        .collect();
+    let prompt = served_prompt(depth, seq0.n_vocab());
     let searched = seq0
         .decode(&prompt, 0, true)
         .map_err(LaunchError::from)

@@ -14,7 +14,7 @@
 //! 2026-11-29-j, server-np4).
 
 use super::tune::{search_split_within, time_each_step, SplitKnob, SplitProbe, SplitSetting, SplitTuning};
-use super::tune::{SERVED_DEPTH, SERVED_LIMIT};
+use super::tune::{served_prompt, SERVED_DEPTH, SERVED_LIMIT};
 use super::{LaunchError, Session};
 use crate::engine::{ContextRef, EngineError, Token};
 use crate::plan::Plan;
@@ -76,9 +76,7 @@ pub fn tune_served_batch(session: &mut Session, mut ctx: ContextRef<'_>, stream:
         SERVED_LIMIT.as_secs()
     );
     let n_vocab = ctx.n_vocab().max(2) as u64;
-    let prompt: Vec<Token> = (0..depth as u64)
-        .map(|i| ((i * 7919 + 1) % (n_vocab - 1)) as Token)
-        .collect();
+    let prompt = served_prompt(depth, ctx.n_vocab());
     let decoded = {
         let mut seq0 = ctx.seq0();
         seq0.decode(&prompt, 0, false).map(|()| seq0.synchronize())
