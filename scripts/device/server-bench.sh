@@ -182,9 +182,10 @@ up_mode_flags() {
 
 # up_r2_4 NAME MODE: upstream's llama-server with R2 and the four clients
 # of r2_4d (-np 4 -c 17408, a KV stream per slot), ROUNDS rounds. Upstream
-# has no NVML gauge: its peak is nvidia-smi's, sampled once a second only,
-# since each query takes CPU time from the threads of the experts' matmuls
-# (its buffers are allocated at load, which that rate still sees).
+# has no NVML gauge: its peak is nvidia-smi's, sampled even with SMI=0, but
+# once a second only, since each query takes CPU time from the threads of
+# the experts' matmuls (its buffers are allocated at load, which that rate
+# still sees).
 up_r2_4() {
     local name=$1 mode=$2 flags extra r
     up_prepare; synth r2 qwen3-30b-a3b q4_0
@@ -194,7 +195,7 @@ up_r2_4() {
     # -lv 4: the log keeps fit's decisions, the buffers' sizes and the
     # memory breakdown at exit (no line per token). A mode that does not
     # start (e.g. out of memory) is a failed row, not the end of the plan.
-    SMI_EVERY=1 launch "$name" env LD_LIBRARY_PATH="$(dirname "$UPSTREAM_SERVER")" "$UPSTREAM_SERVER" \
+    SMI=1 SMI_EVERY=1 launch "$name" env LD_LIBRARY_PATH="$(dirname "$UPSTREAM_SERVER")" "$UPSTREAM_SERVER" \
         -m "$W/r2.gguf" -c 17408 -np 4 -t 16 -fa on -ctk f16 -ctv f16 --host 127.0.0.1 --port $PORT --metrics \
         -lv 4 "${extra[@]}" || {
         kill "$SPID" 2>/dev/null || true; wait "$SPID" 2>/dev/null || true
