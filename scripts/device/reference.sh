@@ -10,8 +10,8 @@
 # machine, the patched source and upstream's pristine source). No Rust and
 # no network are needed there: the CUDA and CPU backend modules are built
 # from the patched source for this host's CPU (build-cuda.sh --native-cpu),
-# upstream's llama-bench from the pristine release (build-upstream-bench.sh),
-# and the models are written by `pipeshard synth`, all side by side.
+# upstream's llama-bench (and llama-server, which server-bench.sh runs) from
+# the pristine release (build-upstream-bench.sh), and the models are written by `pipeshard synth`, all side by side.
 #
 # CASE is NAME, NAME:QUANT or NAME:QUANT:MIB, QUANT a `synth --quant` scheme and MIB
 # the budget (defaults: the case's own):
@@ -92,7 +92,7 @@ host_line() {
     echo "$gpu; $cpu, $(nproc) cores; PCIe gen/width $pcie"
 }
 
-# The backend modules and upstream's llama-bench: restored from MODULES or
+# The backend modules and upstream's binaries: restored from MODULES or
 # built here (both builds at once), and copied to OUT for later calls.
 modules() {
     if [[ -n ${MODULES:-} && -f $MODULES/libggml-cpu.so.xz ]]; then

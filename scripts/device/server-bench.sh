@@ -9,7 +9,7 @@
 # device memory as nvidia-smi reports it.
 #
 # Run from the repository root with dist/ from scripts/device/pack.sh:
-#   bash scripts/device/server-bench.sh all        (or: r2, r1k, vl, np4)
+#   bash scripts/device/server-bench.sh all        (or: r2, r1k, vl, np4, np4up)
 # Everything lands in $PIPESHARD_WORK/results (default /root/w/results).
 set -euo pipefail
 W=${PIPESHARD_WORK:-/root/w}
@@ -36,18 +36,18 @@ synth() { # NAME ARCH QUANT
     [[ -f $W/$1.gguf ]] || $P synth --arch "$2" --quant "$3" -o "$W/$1.gguf"
 }
 
-# serve NAME ARGS...: start the server, wait until it is healthy, sample the
-# process's device memory every 100 ms into $RES/NAME.smi.
-serve() {
+# launch NAME CMD...: start a server, wait until it is healthy, sample the
+# process's device memory every SMI_EVERY seconds (default 0.1) into
+# $RES/NAME.smi.
+launch() {
     local name=$1; shift
-    $S --host 127.0.0.1 --port $PORT --metrics -t 16 -fa on -ctk f16 -ctv f16 --profile "$RES/profile.yaml" "$@" \
-        > "$RES/$name.log" 2>&1 &
+    "$@" > "$RES/$name.log" 2>&1 &
     SPID=$!
     # SMI=0: no nvidia-smi loop (each query takes CPU time from the threads
     # of the CPU's matmuls); the peak is then /metrics' NVML figure.
     [[ ${SMI:-1} == 0 ]] || ( while kill -0 $SPID 2>/dev/null; do
           nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -v p=$SPID '$1+0==p {print $2}'
-          sleep 0.1
+          sleep "${SMI_EVERY:-0.1}"
       done > "$RES/$name.smi" ) &
     for _ in $(seq 600); do
         curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && return 0
@@ -55,6 +55,13 @@ serve() {
         sleep 0.5
     done
     echo "$name: not healthy after 300 s"; tail -30 "$RES/$name.log"; return 1
+}
+
+# serve NAME ARGS...: pipeshard-server with the reference settings.
+serve() {
+    local name=$1; shift
+    launch "$name" $S --host 127.0.0.1 --port $PORT --metrics -t 16 -fa on -ctk f16 -ctv f16 \
+        --profile "$RES/profile.yaml" "$@"
 }
 
 stop() { # NAME
@@ -132,35 +139,155 @@ r2_4d() {
     stop "$name"
 }
 
+# Upstream's llama-server from the same release, unpatched
+# (build-upstream-bench.sh), run from its directory: its own libllama and
+# libggml-base, and our CUDA and CPU modules copied beside it.
+UPSTREAM_SERVER=${UPSTREAM_SERVER:-dist/upstream/bin/llama-server}
+# Upstream's modes aimed at the budget (issue 40: its best in-budget mode
+# of the same run). R2's experts are 48 layers x 128 x 3 x 2048 x 768 Q4_0,
+# 324 MiB a layer; the KV cache of -c 17408 in F16 is 17408 cells x 48
+# layers x 4 KV heads x 128 x 2 (K, V) x 2 B = 1632 MiB. llama-bench with
+# every expert on the CPU peaked at 2206 MiB with a 4160-cell cache
+# (390 MiB; call 2026-11-28-a, -ncmoe 42 at 4186), so the server's
+# --cpu-moe needs about 2206 + 1242 = 3448 MiB: two layers of experts more
+# fit 4 GiB just (-ncmoe 46, about 4096 MiB), one fits (-ncmoe 47).
+UPMODES_DEFAULT="cpu-moe ncmoe-47 ncmoe-46 fit"
+
+up_prepare() {
+    prepare
+    [[ -x $UPSTREAM_SERVER ]] || ( time bash dist/build-upstream-bench.sh dist pristine llama-server ) \
+        > "$RES/build-upstream.log" 2>&1 || { tail -30 "$RES/build-upstream.log"; exit 1; }
+    [[ -x $UPSTREAM_SERVER ]] || { echo "no upstream llama-server at $UPSTREAM_SERVER" >&2; exit 1; }
+    local m dir
+    dir=$(dirname "$UPSTREAM_SERVER")
+    for m in libggml-cuda.so libggml-cpu.so; do [[ -f $dir/$m ]] || cp "dist/lib/$m" "$dir/"; done
+}
+
+# up_mode_flags MODE: llama-server's flags for one of upstream's modes at
+# the budget (UP_BUDGET_MIB, default 4096): cpu-moe (every layer's experts
+# on the CPU), ncmoe-N (the first N layers' experts on the CPU), fit
+# (upstream's --fit, told to leave all of the card's free memory but the
+# budget; it places the tensors, -c stays as given).
+up_mode_flags() {
+    case $1 in
+        cpu-moe) echo "-ngl 99 -fit off --cpu-moe" ;;
+        ncmoe-[0-9]*) echo "-ngl 99 -fit off -ncmoe ${1#ncmoe-}" ;;
+        fit)
+            local free
+            free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
+            echo "-fit on -fitt $((free - ${UP_BUDGET_MIB:-4096}))" ;;
+        *) echo "unknown upstream mode '$1' (cpu-moe, ncmoe-N, fit)" >&2; return 1 ;;
+    esac
+}
+
+# up_r2_4 NAME MODE: upstream's llama-server with R2 and the four clients
+# of r2_4d (-np 4 -c 17408, a KV stream per slot), ROUNDS rounds. Upstream
+# has no NVML gauge: its peak is nvidia-smi's, sampled even with SMI=0, but
+# once a second only, since each query takes CPU time from the threads of
+# the experts' matmuls (its buffers are allocated at load, which that rate
+# still sees).
+up_r2_4() {
+    local name=$1 mode=$2 flags extra r
+    up_prepare; synth r2 qwen3-30b-a3b q4_0
+    flags=$(up_mode_flags "$mode") || exit 1
+    read -ra extra <<< "$flags"
+    echo "$name: llama-server -np 4 -c 17408 ${extra[*]}" | tee "$RES/$name.flags"
+    # -lv 4: the log keeps fit's decisions, the buffers' sizes and the
+    # memory breakdown at exit (no line per token). A mode that does not
+    # start (e.g. out of memory) is a failed row, not the end of the plan.
+    SMI=1 SMI_EVERY=1 launch "$name" env LD_LIBRARY_PATH="$(dirname "$UPSTREAM_SERVER")" "$UPSTREAM_SERVER" \
+        -m "$W/r2.gguf" -c 17408 -np 4 -t 16 -fa on -ctk f16 -ctv f16 --host 127.0.0.1 --port $PORT --metrics \
+        -lv 4 "${extra[@]}" || {
+        kill "$SPID" 2>/dev/null || true; wait "$SPID" 2>/dev/null || true
+        echo "$name: failed"; return 0
+    }
+    grep -E "common_params_fit_impl|common_fit_params|(model|KV|compute) buffer size" "$RES/$name.log" \
+        | tail -12 || true
+    clients 4 | tee "$RES/$name.clients"
+    for ((r = 1; r < ${ROUNDS:-2}; r++)); do clients 4 | tee -a "$RES/$name.clients"; done
+    stop "$name"
+}
+
+# np4_summary NAME...: the median four-client total of each NAME over its
+# REPS repetitions (NAME-1.clients ...), with the ratios the issue judges:
+# a stream per slot over --kv-unified (>= 0.95), and pipeshard's default
+# flags over upstream's best mode (>= 2); upstream's peaks beside them.
+np4_summary() {
+    python3 - "$RES" "${REPS:-3}" "$@" <<'PY'
+import json, os, statistics, sys
+res, reps, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+def totals(name):
+    out = []
+    for i in range(1, reps + 1):
+        if not os.path.exists(f"{res}/{name}-{i}.clients"):
+            continue  # an upstream mode that failed to start
+        for line in open(f"{res}/{name}-{i}.clients"):
+            j = json.loads(line)
+            if "decode_tok_s_total" in j:
+                out.append(j["decode_tok_s_total"])
+    return out
+def peak_mib(name):
+    mib = [float(l) for i in range(1, reps + 1) if os.path.exists(f"{res}/{name}-{i}.smi")
+           for l in open(f"{res}/{name}-{i}.smi") if l.strip()]
+    return max(mib, default=None)
+out, med = {}, {}
+for n in names:
+    t = totals(n)
+    if t:
+        med[n] = statistics.median(t)
+    if n == "np4-default":
+        out.update(default_flags=t, median_default=med[n])
+    elif n == "np4-unified":
+        out.update(kv_unified=t, median_unified=med[n])
+    elif t:
+        out.setdefault("upstream", {})[n[len("np4up-"):]] = {"totals": t, "median": med[n], "peak_mib": peak_mib(n)}
+    else:
+        out.setdefault("upstream_failed", []).append(n[len("np4up-"):])
+if "np4-default" in med and "np4-unified" in med:
+    out["ratio"] = round(med["np4-default"] / med["np4-unified"], 3)
+if "upstream" in out:
+    best = max(out["upstream"], key=lambda m: out["upstream"][m]["median"])
+    out["upstream_best"] = best
+    if "np4-default" in med:
+        out["ratio_to_upstream_best"] = round(med["np4-default"] / out["upstream"][best]["median"], 3)
+print(json.dumps(out))
+PY
+}
+
 # np4: four clients with a stream per slot (default flags) and with
 # --kv-unified, interleaved, REPS times (default 3), each ROUNDS rounds of
 # clients; then the median totals and their ratio. ROUTING=calibrated (or
 # synthetic, uniform) serves with --bench-routing, which the rows' flags name;
 # TIMING=1 logs the scheduler's per-graph timing (GGML_SCHED_TIMING) into each
-# server's log.
+# server's log. UPMODES="MODE..." (up_mode_flags) runs upstream's llama-server
+# in those modes with the same clients within each repetition, and the
+# summary adds their medians and pipeshard's ratio to the best of them
+# (upstream keeps the model's own router whatever ROUTING says).
 np4() {
-    local extra=(--vram-budget 4GiB) i
+    local extra=(--vram-budget 4GiB) i m modes names=(np4-default np4-unified)
     [[ -z ${ROUTING:-} ]] || extra+=(--bench-routing "$ROUTING")
     [[ ${TIMING:-0} == 0 ]] || export GGML_SCHED_TIMING=1
+    read -ra modes <<< "${UPMODES:-}"
     for ((i = 1; i <= ${REPS:-3}; i++)); do
         r2_4d "np4-default-$i" "${extra[@]}"
         r2_4 "np4-unified-$i" "${extra[@]}"
+        for m in "${modes[@]}"; do up_r2_4 "np4up-$m-$i" "$m"; done
     done
-    python3 - "$RES" "${REPS:-3}" <<'PY' | tee "$RES/np4.txt"
-import json, statistics, sys
-res, reps = sys.argv[1], int(sys.argv[2])
-def totals(kind):
-    out = []
-    for i in range(1, reps + 1):
-        for line in open(f"{res}/np4-{kind}-{i}.clients"):
-            j = json.loads(line)
-            if "decode_tok_s_total" in j:
-                out.append(j["decode_tok_s_total"])
-    return out
-d, u = totals("default"), totals("unified")
-md, mu = statistics.median(d), statistics.median(u)
-print(json.dumps({"default_flags": d, "kv_unified": u, "median_default": md, "median_unified": mu, "ratio": round(md / mu, 3)}))
-PY
+    for m in "${modes[@]}"; do names+=("np4up-$m"); done
+    np4_summary "${names[@]}" | tee "$RES/np4.txt"
+}
+
+# np4up [MODE...]: upstream's llama-server alone, each MODE (default
+# $UPMODES, else UPMODES_DEFAULT) in turn, REPS times (default 3); then each
+# mode's median total and peak, and the best mode.
+np4up() {
+    local i m modes names=()
+    read -ra modes <<< "${*:-${UPMODES:-$UPMODES_DEFAULT}}"
+    for ((i = 1; i <= ${REPS:-3}; i++)); do
+        for m in "${modes[@]}"; do up_r2_4 "np4up-$m-$i" "$m"; done
+    done
+    for m in "${modes[@]}"; do names+=("np4up-$m"); done
+    np4_summary "${names[@]}" | tee "$RES/np4up.txt"
 }
 
 r2() {
