@@ -11,7 +11,7 @@ use super::cost::{experts_cacheable, is_host_only, is_placeable, CostModel, Exec
 use super::evaluate::Evaluator;
 use super::expert_cache::decode_room;
 use super::{kv_bytes, planned_compute, Plan, PlanError, PlanRequest, PlannedTensor, VramBreakdown};
-use crate::gguf::{tied_output, ModelInfo, TensorRole};
+use crate::gguf::{ModelInfo, TensorRole};
 use crate::profile::MachineProfile;
 
 /// Extra device memory a streaming context uses beyond llama.cpp's own
@@ -286,7 +286,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                             .map(|&(n, _)| (n, share))
                             .collect(),
                         exec,
-                        tied: model.tied_output && t.name == tied_output::OUTPUT,
+                        tied: model.is_tied_output(t),
                     }
                 })
                 .collect();

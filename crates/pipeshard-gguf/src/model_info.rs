@@ -743,12 +743,15 @@ impl ModelInfo {
         self.layer_tensors(layer).map(|t| t.nbytes).sum()
     }
 
+    /// Whether `t` is the tied output: the token embedding loaded again as
+    /// the output projection, which the file does not hold.
+    pub fn is_tied_output(&self, t: &ModelTensor) -> bool {
+        self.tied_output && t.name == crate::tied_output::OUTPUT
+    }
+
     /// The tensors the file holds: all but the tied output.
     pub fn file_tensors(&self) -> impl Iterator<Item = &ModelTensor> {
-        let tied = self.tied_output;
-        self.tensors
-            .iter()
-            .filter(move |t| !(tied && t.name == crate::tied_output::OUTPUT))
+        self.tensors.iter().filter(|t| !self.is_tied_output(t))
     }
 
     /// Host bytes of the file's tensors.
