@@ -7,8 +7,9 @@ use std::sync::Arc;
 use super::{Exec, Plan};
 use crate::engine::{
     self, BufferType, ContextParams, DeviceKind, ModelParams, MoeSplitPolicy, Offload, OffloadPolicy, OffloadQuery,
-    RowSplitPolicy, TensorPlacement,
+    OpKind, RowSplitPolicy, TensorPlacement,
 };
+use crate::gguf::tied_output;
 
 /// Why a plan cannot be applied on this machine.
 #[derive(Debug, thiserror::Error)]
@@ -177,8 +178,9 @@ pub fn policies(plan: &Plan) -> Policies {
     // there stream their experts, as they do unsplit in that tier.
     let unsplit_batch =
         (plan.workload.decode_tokens() > 1 && plan.batch_gpu_experts == 0).then_some(plan.workload.decode_tokens());
+    let tied = ties(plan);
     let offload: OffloadPolicy = Arc::new(move |q: &OffloadQuery<'_>| {
-        let Some(per_tier) = execs.get(q.weight) else {
+        let Some(per_tier) = execs.get(planned_name(tied, q.weight, q.op == OpKind::MulMat)) else {
             return Offload::Default;
         };
         let tier = tier_of(q.n_tokens.max(1) as u32);
@@ -216,15 +218,34 @@ pub fn row_split_policy(plan: &Plan) -> Option<RowSplitPolicy> {
         .map(|t| (t.name.clone(), t.gpu_share.clone()))
         .collect();
     let tier_of = tier_of(plan);
+    let tied = ties(plan);
     (!shares.is_empty()).then(|| {
         Arc::new(move |name: &str, rows: u64, n_tokens: u32| {
             let tier = tier_of(n_tokens.max(1));
             shares
-                .get(name)
+                .get(planned_name(tied, name, true))
                 .and_then(|s| s.iter().find(|(t, _)| *t == tier))
                 .map_or(0, |&(_, share)| gpu_rows(rows, share))
         }) as RowSplitPolicy
     })
+}
+
+/// Whether `plan` places a tied output (the token embedding loaded again
+/// as the output projection).
+fn ties(plan: &Plan) -> bool {
+    plan.tensors.iter().any(|t| t.tied)
+}
+
+/// The planned weight behind the weight `name` of an op (a `matmul` or
+/// another): the tied output keeps the token embedding's name once loaded,
+/// so the matmul by that name is the output projection's, and the
+/// embedding's own lookup (not planned) is not.
+fn planned_name(tied: bool, name: &str, matmul: bool) -> &str {
+    if tied && matmul && name == tied_output::EMBEDDING {
+        tied_output::OUTPUT
+    } else {
+        name
+    }
 }
 
 /// Rows of a weight's `rows` the GPU computes for a share: whole blocks of

@@ -113,11 +113,12 @@ pub fn decode_tier(model: &ModelInfo, cm: &CostModel<'_>, req: &PlanRequest, pla
     ev.price_cache(model, cm, decode_room(model, req, plan.vram.compute), plan.stream_slots);
     let before = 1.0 / ev.decode_speed(&resident).0.max(1e-12);
     ev.price_cache(model, cm, decode_room(model, req, compute), plan.stream_slots);
-    // Candidate units, as indices into `ev.tensors`.
+    // Candidate units, as indices into `ev.tensors`; not a tied output,
+    // which the context knows by the embedding's name and cannot move.
     let mut units: Vec<Vec<usize>> = Vec::new();
     for (k, &i) in ev.tensors.iter().enumerate() {
         let t = &model.tensors[i];
-        if resident[k] || is_host_only(t) {
+        if resident[k] || is_host_only(t) || model.is_tied_output(t) {
             continue;
         }
         if let (true, Some(layer)) = (t.role.is_routed_expert(), t.layer) {

@@ -377,6 +377,7 @@ pub fn layer_slice(model: &ModelInfo, first: u32, end: u32, input: bool, output:
                 ..t.clone()
             })
             .collect(),
+        tied_output: model.tied_output && output,
         ..model.clone()
     }
 }

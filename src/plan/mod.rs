@@ -267,6 +267,11 @@ pub struct PlannedTensor {
     /// the GPU computes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_share: Vec<(u32, f64)>,
+    /// The output projection loaded from the token embedding (the model
+    /// has no `output.weight`): a copy of its own wherever its buffer type
+    /// differs from the embedding's.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub tied: bool,
 }
 
 /// The VRAM the plan uses, bytes.
@@ -541,6 +546,10 @@ fn tier_for(tiers: &[u32], n: u64) -> u32 {
 /// patch 0017 splits in the layer's feed-forward (and patch 0039 copies).
 pub(crate) fn is_dense_ffn(role: &str) -> bool {
     matches!(role, "FfnUp" | "FfnGate" | "FfnDown")
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 fn is_zero(x: &f64) -> bool {

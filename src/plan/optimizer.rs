@@ -286,6 +286,7 @@ pub fn make_plan(model: &ModelInfo, profile: &MachineProfile, req: &PlanRequest)
                             .map(|&(n, _)| (n, share))
                             .collect(),
                         exec,
+                        tied: model.is_tied_output(t),
                     }
                 })
                 .collect();

@@ -217,6 +217,7 @@ fn table(plan: &Plan) -> String {
                 .trim_start_matches(&format!("blk.{l}."))
                 .trim_end_matches(".weight")
                 .to_string(),
+            None if t.tied => format!("{} (tied)", t.name.trim_end_matches(".weight")),
             None => t.name.trim_end_matches(".weight").to_string(),
         };
         let cols = t

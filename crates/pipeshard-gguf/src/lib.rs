@@ -16,6 +16,7 @@
 pub mod error;
 pub mod model_info;
 pub mod reader;
+pub mod tied_output;
 pub mod types;
 pub mod validate;
 pub mod value;

@@ -383,8 +383,13 @@ pub struct ModelInfo {
     /// `key_length_mla`): the cache holds the compressed K row only, and V
     /// is a view of it.
     pub mla: bool,
-    /// All tensors, in file order.
+    /// The tensors llama.cpp loads: the file's, in file order, then the
+    /// output projection it loads from the token embedding where the model
+    /// ties them ([`tied_output`](crate::tied_output)).
     pub tensors: Vec<ModelTensor>,
+    /// Whether `tensors` holds that tied output (`output.weight`, which the
+    /// file does not hold).
+    pub tied_output: bool,
 }
 
 /// Reads a key that may be a scalar or a per-layer array of integers.
@@ -603,6 +608,9 @@ impl ModelInfo {
         recurrent_layers.truncate(trunk);
         tensors.retain(|t| t.layer.map_or(true, |l| l < n_layer));
         let kv_layers_end = kv_layers_end.min(n_layer);
+        let tied = crate::tied_output::tied_output(&arch, &tensors);
+        let tied_output = tied.is_some();
+        tensors.extend(tied);
 
         Ok(ModelInfo {
             name: f.get_str("general.name").map(str::to_owned),
@@ -627,6 +635,7 @@ impl ModelInfo {
             recurrent_state_bytes: 4 * (n_embd_r + n_embd_s),
             mla,
             tensors,
+            tied_output,
             architecture: arch,
         })
     }
@@ -734,14 +743,25 @@ impl ModelInfo {
         self.layer_tensors(layer).map(|t| t.nbytes).sum()
     }
 
-    /// Host bytes of all tensors.
-    pub fn total_bytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.nbytes).sum()
+    /// Whether `t` is the tied output: the token embedding loaded again as
+    /// the output projection, which the file does not hold.
+    pub fn is_tied_output(&self, t: &ModelTensor) -> bool {
+        self.tied_output && t.name == crate::tied_output::OUTPUT
     }
 
-    /// Total number of parameters.
+    /// The tensors the file holds: all but the tied output.
+    pub fn file_tensors(&self) -> impl Iterator<Item = &ModelTensor> {
+        self.tensors.iter().filter(|t| !self.is_tied_output(t))
+    }
+
+    /// Host bytes of the file's tensors.
+    pub fn total_bytes(&self) -> u64 {
+        self.file_tensors().map(|t| t.nbytes).sum()
+    }
+
+    /// Total number of parameters (the file's tensors).
     pub fn n_params(&self) -> u64 {
-        self.tensors.iter().map(ModelTensor::n_elements).sum()
+        self.file_tensors().map(ModelTensor::n_elements).sum()
     }
 }
 

@@ -21,9 +21,15 @@ pub struct Move {
 /// anything grows), then the promotions, most valuable per byte first
 /// (`value`: seconds saved per byte; a weight without one comes last).
 /// Weights are matched by name; ties go by name, so the order is
-/// deterministic.
+/// deterministic. A tied output stays where it was loaded: the context
+/// knows it by the token embedding's name, which moves the embedding.
 pub fn diff(old: &Plan, new: &Plan, value: &HashMap<String, f64>) -> Vec<Move> {
-    let was: HashMap<&str, bool> = old.tensors.iter().map(|t| (t.name.as_str(), t.resident)).collect();
+    let was: HashMap<&str, bool> = old
+        .tensors
+        .iter()
+        .filter(|t| !t.tied)
+        .map(|t| (t.name.as_str(), t.resident))
+        .collect();
     let v = |name: &str| value.get(name).copied().unwrap_or(0.0);
     let cmp = |x: f64, y: f64| x.partial_cmp(&y).unwrap_or(Ordering::Equal);
     let (mut down, mut up) = (Vec::new(), Vec::new());
