@@ -220,3 +220,34 @@ fn the_tied_outputs_matmul_gets_the_outputs_decisions() {
         split(tied_output::OUTPUT, rows, 1)
     );
 }
+
+/// A re-plan keeps the tied output where it was loaded (no move can take it
+/// elsewhere: the context knows it by the embedding's name) and counts its
+/// device bytes at every budget, instead of planning it to host memory and
+/// counting the device memory it still holds as free.
+#[test]
+fn a_replan_holds_the_tied_output_where_it_was_loaded() {
+    use pipeshard::launch::live::{moves, ReplanBasis};
+
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpu-machine-profile.yaml");
+    let profile = MachineProfile::load(&fixture).expect("the fixture profile");
+    let m = synth::model_info("gemma-3-27b", Quant::Q4_K_M).unwrap();
+    let req = PlanRequest::new(24 * GIB, 4352);
+    let launched = plan::make_plan(&m, &profile, &req).unwrap();
+    let out = launched.tensors.iter().find(|t| t.tied).expect("the tied output");
+    assert!(out.resident, "at 24 GiB the tied output is resident");
+    let basis = ReplanBasis::new(m, profile, req, &launched);
+    for budget in [8 * GIB, 12 * GIB] {
+        let r = basis.plan(budget).unwrap();
+        assert!(r.fits, "{budget}");
+        assert!(r.plan.vram.total <= budget, "{budget}: {}", r.plan.vram.total);
+        assert!(
+            r.plan.vram.reserve >= launched.vram.reserve + out.vram_bytes,
+            "{budget}: the re-plan's reserve {} does not hold the tied output's {} bytes",
+            r.plan.vram.reserve,
+            out.vram_bytes
+        );
+        let m = moves::diff(&launched, &r.plan, &Default::default());
+        assert!(m.iter().all(|mv| mv.tensor != tied_output::OUTPUT), "{m:?}");
+    }
+}

@@ -39,7 +39,7 @@ pub struct Replanned {
 impl ReplanBasis {
     /// The basis for re-planning `launched`, made from `request` (the
     /// launch's request) for `info` on `profile`.
-    pub fn new(info: ModelInfo, profile: MachineProfile, request: PlanRequest, launched: &Plan) -> ReplanBasis {
+    pub fn new(mut info: ModelInfo, profile: MachineProfile, request: PlanRequest, launched: &Plan) -> ReplanBasis {
         let mut r = request;
         r.ubatch = Some(launched.ubatch);
         r.kv_gpu_layers = Some(launched.kv_gpu_layers);
@@ -50,6 +50,19 @@ impl ReplanBasis {
         r.vision_peak = launched.vram.vision_peak;
         r.exact = launched.exact;
         r.pinned = launched.pinned;
+        // A tied output stays where it was loaded: the context knows it by
+        // the token embedding's name, so no move takes it elsewhere
+        // (`moves::diff`). A re-plan holds its device bytes with the
+        // reserve and places the other weights around them.
+        if let Some(t) = launched.tensors.iter().find(|t| t.tied) {
+            if t.resident {
+                r.reserve += t.vram_bytes;
+            }
+            let tied: Vec<bool> = info.tensors.iter().map(|x| info.is_tied_output(x)).collect();
+            let mut keep = tied.iter().map(|&t| !t);
+            info.tensors.retain(|_| keep.next().unwrap_or(true));
+            info.tied_output = false;
+        }
         if launched.stream_slots > 0 {
             r.stream_slots = launched.stream_slots;
         }
