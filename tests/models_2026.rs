@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -410,35 +410,6 @@ fn a_tensor_of_no_known_role_falls_back_by_its_size() {
     }
 }
 
-/// Loads `path` on the CPU, read into memory rather than mapped, with each
-/// weight's buffer type from `placement`: where it gives none, llama.cpp
-/// chooses (its repacked layout where it has one for the weight).
-fn load(path: &Path, placement: Option<TensorPlacement>) -> Model {
-    Model::load(
-        path,
-        ModelParams {
-            n_gpu_layers: 0,
-            use_mmap: false,
-            placement,
-            ..Default::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn greedy(model: &Model) -> (Vec<i32>, BTreeMap<String, u64>) {
-    let prompt = model.tokenize("the quick brown fox jumps", true, false).unwrap();
-    let mut ctx = Context::new(model, common::small_context_params()).unwrap();
-    let tokens = common::greedy(&mut ctx, &prompt, 6, |_, _| {});
-    let by_buffer = ctx
-        .memory_breakdown()
-        .into_iter()
-        .filter(|m| m.model > 0)
-        .map(|m| (m.buffer_type, m.model))
-        .collect();
-    (tokens, by_buffer)
-}
-
 #[test]
 fn each_role_on_its_own_cpu_buffer_type_gives_the_plain_tokens() {
     pipeshard::engine::init(None).unwrap();
@@ -447,7 +418,7 @@ fn each_role_on_its_own_cpu_buffer_type_gives_the_plain_tokens() {
     for preset in TINY {
         // Q4_0: the weights llama.cpp repacks on x86 (AVX2)
         let path = common::synth_tiny_model(&dir, preset, Quant::Q4_0);
-        let (plain, _) = greedy(&load(&path, None));
+        let (plain, _) = common::greedy_by_buffer(&common::load_on_cpu(&path, None));
         let m = pipeshard::gguf::inspect(&path).unwrap().1;
         let mut roles: Vec<TensorRole> = m.tensors.iter().map(|t| t.role).collect();
         roles.sort_by_key(|r| format!("{r:?}"));
@@ -468,7 +439,7 @@ fn each_role_on_its_own_cpu_buffer_type_gives_the_plain_tokens() {
                 seen.lock().unwrap().insert(name.to_string());
                 on_cpu.contains(&TensorRole::from_name(name)).then_some(cpu)
             });
-            let (tokens, by_buffer) = greedy(&load(&path, Some(placement)));
+            let (tokens, by_buffer) = common::greedy_by_buffer(&common::load_on_cpu(&path, Some(placement)));
             assert_eq!(tokens, plain, "{preset}, parity {parity}");
             assert!(by_buffer.len() >= 2, "{preset}: weights in {by_buffer:?}");
             let asked = asked.lock().unwrap();
@@ -496,7 +467,7 @@ fn the_planned_cache_is_the_cache_llama_cpp_allocates() {
     for preset in TINY {
         let path = common::synth_tiny_model(&dir, preset, Quant::Q4_0);
         let m = pipeshard::gguf::inspect(&path).unwrap().1;
-        let model = load(&path, None);
+        let model = common::load_on_cpu(&path, None);
         let layouts = [
             (4096u32, 1u32, 512u32, true),
             (2048, 1, 64, true),
@@ -670,7 +641,7 @@ fn the_decode_split_is_tuned_on_recurrent_and_window_models() {
     for preset in ["tiny-qwen3.6-35b-a3b", "tiny-gpt-oss-20b"] {
         let path = common::synth_tiny_model(&dir, preset, Quant::Q4_0);
         let m = pipeshard::gguf::inspect(&path).unwrap().1;
-        let model = load(&path, None);
+        let model = common::load_on_cpu(&path, None);
         let knob = SplitKnob::Experts {
             start: 1,
             max: m.n_expert_used - 1,

@@ -12,9 +12,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use pipeshard::engine::{
-    buffer_types, BufferType, Context, Model, ModelParams, Offload, OffloadQuery, OpKind, TensorPlacement,
-};
+use pipeshard::engine::{buffer_types, BufferType, Offload, OffloadQuery, OpKind, TensorPlacement};
 use pipeshard::gguf::{tied_output, ModelInfo, TensorRole};
 use pipeshard::plan::{self, PlanRequest};
 use pipeshard::profile::MachineProfile;
@@ -82,25 +80,8 @@ fn a_model_with_its_own_output_plans_it_untied() {
 /// callback was asked, with how often; the model's weight bytes per buffer
 /// type; and the greedy tokens.
 fn load_and_decode(path: &Path, placement: Option<TensorPlacement>) -> (BTreeMap<String, u64>, Vec<i32>) {
-    let model = Model::load(
-        path,
-        ModelParams {
-            n_gpu_layers: 0,
-            use_mmap: false,
-            placement,
-            ..Default::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let prompt = model.tokenize("the quick brown fox jumps", true, false).unwrap();
-    let mut ctx = Context::new(&model, common::small_context_params()).unwrap();
-    let tokens = common::greedy(&mut ctx, &prompt, 6, |_, _| {});
-    let by_buffer = ctx
-        .memory_breakdown()
-        .into_iter()
-        .filter(|m| m.model > 0)
-        .map(|m| (m.buffer_type, m.model))
-        .collect();
+    let model = common::load_on_cpu(path, placement);
+    let (tokens, by_buffer) = common::greedy_by_buffer(&model);
     (by_buffer, tokens)
 }
 

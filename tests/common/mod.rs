@@ -142,3 +142,37 @@ pub fn greedy(
     }
     out
 }
+
+/// Six greedy tokens after a short prompt on the CPU, and the model's weight
+/// bytes per buffer type (what the placement tests compare with the plain
+/// load's).
+#[allow(dead_code)]
+pub fn greedy_by_buffer(model: &Model) -> (Vec<Token>, std::collections::BTreeMap<String, u64>) {
+    let prompt = model.tokenize("the quick brown fox jumps", true, false).unwrap();
+    let mut ctx = Context::new(model, small_context_params()).unwrap();
+    let tokens = greedy(&mut ctx, &prompt, 6, |_, _| {});
+    let by_buffer = ctx
+        .memory_breakdown()
+        .into_iter()
+        .filter(|m| m.model > 0)
+        .map(|m| (m.buffer_type, m.model))
+        .collect();
+    (tokens, by_buffer)
+}
+
+/// Loads `path` on the CPU, read into memory rather than mapped, with each
+/// weight's buffer type from `placement`: where it gives none, llama.cpp
+/// chooses (its repacked layout where it has one for the weight).
+#[allow(dead_code)]
+pub fn load_on_cpu(path: &std::path::Path, placement: Option<pipeshard::engine::TensorPlacement>) -> Model {
+    Model::load(
+        path,
+        ModelParams {
+            n_gpu_layers: 0,
+            use_mmap: false,
+            placement,
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
