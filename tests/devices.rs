@@ -331,7 +331,12 @@ fn a_plan_across_two_rpc_devices_runs_with_the_local_greedy_tokens() {
     let (local, _) = greedy_run(&m, &[]);
     // Every weight resident, split between the two; then the first
     // device's layers all streamed from host memory, the second's resident.
-    for budget in ["RPC0=600MiB,RPC1=530MiB", "RPC0=500MiB,RPC1=520MiB"] {
+    // The second device holds SmolLM2's tied output too (28.7 MiB, planned
+    // since it is planned at all): at 530 MiB it left room for fewer
+    // layers, the first device kept 9 layers' KV cache in host memory, and
+    // llama.cpp turned flash attention off for the whole run, which rounds
+    // differently from the local run.
+    for budget in ["RPC0=600MiB,RPC1=560MiB", "RPC0=500MiB,RPC1=550MiB"] {
         let args = ["--rpc", &rpc, "--vram-budget", budget, "--profile", &profile];
         let (split, log) = greedy_run(&m, &args);
         assert!(log.contains("across 2 devices"), "{budget}: {log}");
