@@ -78,7 +78,7 @@ fn check_inspect(preset: &presets::ArchPreset, quant: Quant, path: &Path, report
     assert_eq!(info.n_embd, preset.n_embd, "{}", preset.name);
     assert_eq!(info.n_vocab, Some(preset.n_vocab), "{}", preset.name);
     assert_eq!(info.n_expert, preset.n_expert, "{}", preset.name);
-    assert_eq!(info.tensors.len(), planned.len(), "{}", preset.name);
+    assert_eq!(info.file_tensors().count(), planned.len(), "{}", preset.name);
     assert_eq!(
         file.get_u64("general.file_type"),
         Some(quant.file_type() as u64),
