@@ -58,9 +58,7 @@ impl ReplanBasis {
             if t.resident {
                 r.reserve += t.vram_bytes;
             }
-            let tied: Vec<bool> = info.tensors.iter().map(|x| info.is_tied_output(x)).collect();
-            let mut keep = tied.iter().map(|&t| !t);
-            info.tensors.retain(|_| keep.next().unwrap_or(true));
+            info.tensors.retain(|x| x.name != t.name);
             info.tied_output = false;
         }
         if launched.stream_slots > 0 {
